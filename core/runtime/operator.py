@@ -1,0 +1,68 @@
+"""kopf wiring: one operator process serving every enabled backend.
+
+Handlers hold no state; everything they need is read from the cluster. The
+health endpoint (kopf's liveness endpoint) reports which backends run and why
+any did not.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import kopf
+
+from core.runtime.plugins import Discovered, discover
+
+log = logging.getLogger("kmodkit")
+
+
+def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
+    # Progress and finalizers of our own resources go under our own keys; kopf
+    # never writes its bookkeeping onto Nodes or Pods (those are observed only).
+    settings.persistence.finalizer = "kmodkit.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kmodkit.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kmodkit.io", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+
+
+def build_registry(namespace: str, found: list[Discovered]) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        _configure(settings, namespace)
+        for d in found:
+            if d.error:
+                log.error("backend %s failed to load: %s", d.name, d.error)
+            elif d.enabled:
+                log.info("backend %s %s loaded", d.name, d.backend.version if d.backend else "")
+            else:
+                log.info("backend %s is installed but disabled", d.name)
+
+    @kopf.on.probe(id="backends", registry=registry)
+    def backends_probe(**_: Any) -> dict[str, str]:
+        return {d.name: ("running" if d.active else "disabled" if not d.enabled
+                         else f"failed: {d.error}") for d in found}
+
+    return registry
+
+
+def run_operator(namespace: str, health_host: str, health_port: int,
+                 enabled: set[str] | None) -> int:
+    json_logs = not sys.stderr.isatty()
+    kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN,
+                   verbose=False)
+    found = discover(enabled)
+    registry = build_registry(namespace, found)
+    kopf.run(
+        registry=registry,
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
+    )
+    return 0

@@ -1,0 +1,68 @@
+"""Pinned versions of every binary devcluster runs.
+
+Each tool is built from the Go module proxy by its own wrapper module in
+``gomod/<tool>/`` (separate modules so one tool's dependency pins never force
+another's). Changing a version here means regenerating that tool's go.mod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str  # also the wrapper module's directory under gomod/
+    version: str
+    packages: tuple[str, ...]  # Go main packages built into binaries
+    binaries: tuple[str, ...]  # the executables the build leaves behind
+    ldflags: str = "-s -w"
+
+
+KUBERNETES_VERSION = "v1.36.3"
+
+
+def _k8s_ldflags(version: str) -> str:
+    # Without stamping, the binaries report v0.0.0 and helm's kubeVersion
+    # checks and every client's version parsing go wrong.
+    minor = version.split(".")[1]
+    flags = ["-s -w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor=1",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(flags)
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "kubernetes",
+            KUBERNETES_VERSION,
+            tuple(
+                f"k8s.io/kubernetes/cmd/{c}"
+                for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+            ),
+            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+            _k8s_ldflags(KUBERNETES_VERSION),
+        ),
+        Tool("etcd", "v3.6.16", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
+        Tool("kwok", "v0.8.0", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),
+        Tool(
+            "registry",
+            "v3.1.1",
+            ("github.com/distribution/distribution/v3/cmd/registry",),
+            ("registry",),
+        ),
+        Tool("helm", "v3.22.0", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
+    )
+}
+
+# What `kmodkit dev up` needs; the registry and helm are built when a test or
+# the demo first asks for them.
+CONTROL_PLANE = ("etcd", "kubernetes", "kwok")

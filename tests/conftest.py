@@ -1,0 +1,70 @@
+"""Fixtures that give tests a real control plane and a real OCI registry.
+
+The cluster starts once per test session, on first use, so pure unit tests
+never pay for it. If it cannot start, every test that needs it errors loudly:
+nothing is skipped and nothing is faked.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import cluster as devcluster
+from devcluster import registry as devregistry
+
+CLUSTER_NAME = f"pytest-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg: str) -> None:
+        if reporter is not None:
+            reporter.write_line(msg)
+
+    c = devcluster.up(CLUSTER_NAME, nodes=6, profile="mixed", echo=say)
+    try:
+        from kubernetes import client
+
+        info = client.VersionApi(devcluster.api_client(c)).get_code()
+        say(f"integration tests run against kube-apiserver {info.git_version} at {c.server}")
+        yield c
+    finally:
+        devcluster.down(CLUSTER_NAME, echo=say)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(dev_cluster: devcluster.Cluster) -> str:
+    return str(dev_cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def kube_api(dev_cluster: devcluster.Cluster) -> Any:
+    return devcluster.api_client(dev_cluster)
+
+
+@pytest.fixture
+def namespace(kube_api: Any) -> Iterator[str]:
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devregistry.Registry]:
+    workdir: Path = tmp_path_factory.mktemp("registry")
+    reg = devregistry.start(workdir, "kmodkit", secrets.token_urlsafe(16), tls=True)
+    yield reg
+    reg.stop()
