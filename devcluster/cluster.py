@@ -187,7 +187,7 @@ def _argv(cluster: Cluster, component: str) -> list[str]:
         return [bin_, f"--kubeconfig={kc}", f"--config={STAGES}",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
-                "--cidr=10.0.0.0/16", f"--server-address=127.0.0.1:{p['kwok']}"]
+                "--cidr=10.0.0.0/16", f"--server-address=127.0.0.1:{p['kwok']}", *serving]
     raise KeyError(component)
 
 
@@ -219,24 +219,10 @@ def _ready_probe(cluster: Cluster, component: str) -> bool:
     try:
         if component == "etcd":
             return '"health":"true"' in _get(f"http://127.0.0.1:{p['etcd']}/health")
-        if component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-            path = "readyz" if component == "kube-apiserver" else "healthz"
-            return _get(f"https://127.0.0.1:{p[component]}/{path}",
-                        _ssl_context(cluster)).strip() == "ok"
-        if component == "kwok":
-            return _get(f"https://127.0.0.1:{p['kwok']}/healthz", _insecure()).strip() == "ok"
+        path = "readyz" if component == "kube-apiserver" else "healthz"
+        return _get(f"https://127.0.0.1:{p[component]}/{path}", _ssl_context(cluster)).strip() == "ok"
     except OSError:
         return False
-    raise KeyError(component)
-
-
-def _insecure() -> ssl.SSLContext:
-    # kwok's kubelet-like server presents a certificate it made itself; this
-    # probe only asks a loopback process we just started whether it is alive.
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 def _wait_ready(cluster: Cluster, component: str, timeout: float = 120.0) -> None:

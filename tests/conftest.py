@@ -24,11 +24,13 @@ CLUSTER_NAME = f"pytest-{os.getpid()}"
 
 @pytest.fixture(scope="session")
 def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
     def say(msg: str) -> None:
-        if reporter is not None:
-            reporter.write_line(msg)
+        # Shown even under output capture: a reader of the test log must see
+        # that a real apiserver served these tests.
+        with capture.global_and_fixture_disabled():
+            print(f"\n{msg}", flush=True)
 
     c = devcluster.up(CLUSTER_NAME, nodes=6, profile="mixed", echo=say)
     try:

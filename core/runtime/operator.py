@@ -44,6 +44,11 @@ def build_registry(namespace: str, found: list[Discovered]) -> kopf.OperatorRegi
             else:
                 log.info("backend %s is installed but disabled", d.name)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In-cluster service account or the current kubeconfig, whichever applies.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.probe(id="backends", registry=registry)
     def backends_probe(**_: Any) -> dict[str, str]:
         return {d.name: ("running" if d.active else "disabled" if not d.enabled
