@@ -94,33 +94,50 @@ def _build(tool: Tool, echo: Echo) -> None:
     # One invocation for all of a tool's packages shares their compile work;
     # a single package gets an explicit name (etcd's main package path ends in /v3).
     out = f"{scratch}/" if len(tool.packages) > 1 else str(scratch / tool.binaries[0])
-    cmd = ["go", "build", "-trimpath", "-pgo=off", "-ldflags", tool.ldflags, "-o", out,
-           *tool.packages]
-    echo(f"devcluster: building {tool.name} {tool.version} from the Go module proxy "
-         "(first use on this machine; cached afterwards)")
+    cmd = [
+        "go",
+        "build",
+        "-trimpath",
+        "-pgo=off",
+        "-ldflags",
+        tool.ldflags,
+        "-o",
+        out,
+        *tool.packages,
+    ]
+    echo(
+        f"devcluster: building {tool.name} {tool.version} from the Go module proxy "
+        "(first use on this machine; cached afterwards)"
+    )
     started = time.monotonic()
     log = scratch / "build.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=GOMOD_DIR / tool.name, env=_go_env(),
-                                stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, cwd=GOMOD_DIR / tool.name, env=_go_env(), stdout=fh, stderr=subprocess.STDOUT
+        )
         while True:
             try:
                 proc.wait(timeout=30)
                 break
             except subprocess.TimeoutExpired:
-                echo(f"devcluster:   still building {tool.name} "
-                     f"({int(time.monotonic() - started)}s so far)")
+                echo(
+                    f"devcluster:   still building {tool.name} "
+                    f"({int(time.monotonic() - started)}s so far)"
+                )
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-4000:]
         shutil.rmtree(scratch, ignore_errors=True)
-        raise BuildError(f"building {tool.name} {tool.version} failed "
-                         f"(go build exit {proc.returncode}):\n{tail}")
+        raise BuildError(
+            f"building {tool.name} {tool.version} failed (go build exit {proc.returncode}):\n{tail}"
+        )
     log.unlink()
     if target.exists():
         shutil.rmtree(target)
     scratch.rename(target)
-    echo(f"devcluster: built {tool.name} {tool.version} in "
-         f"{int(time.monotonic() - started)}s -> {target}")
+    echo(
+        f"devcluster: built {tool.name} {tool.version} in "
+        f"{int(time.monotonic() - started)}s -> {target}"
+    )
 
 
 if __name__ == "__main__":

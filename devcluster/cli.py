@@ -14,12 +14,26 @@ def dev() -> None:
 
 
 @dev.command()
-@click.option("--nodes", default=6, show_default=True, type=click.IntRange(0, 20000),
-              help="How many kwok nodes to create.")
-@click.option("--profile", type=click.Choice(PROFILES), default="mixed", show_default=True,
-              help="Which accelerators the fake nodes carry.")
-@click.option("--name", default="default", show_default=True,
-              help="Cluster name; several clusters can run side by side.")
+@click.option(
+    "--nodes",
+    default=6,
+    show_default=True,
+    type=click.IntRange(0, 20000),
+    help="How many kwok nodes to create.",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    default="mixed",
+    show_default=True,
+    help="Which accelerators the fake nodes carry.",
+)
+@click.option(
+    "--name",
+    default="default",
+    show_default=True,
+    help="Cluster name; several clusters can run side by side.",
+)
 def up(nodes: int, profile: str, name: str) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1."""
     try:
@@ -45,8 +59,10 @@ def status(name: str) -> None:
         raise SystemExit(1)
     running = c.running()
     for component, alive in running.items():
-        click.echo(f"{component:26} {'running' if alive else 'STOPPED':8} pid {c.pids[component]}"
-                   f"  log {c.log(component)}")
+        click.echo(
+            f"{component:26} {'running' if alive else 'STOPPED':8} pid {c.pids[component]}"
+            f"  log {c.log(component)}"
+        )
     click.echo(f"apiserver  {c.server}")
     click.echo(f"kubeconfig {c.kubeconfig}")
     if not all(running.values()):

@@ -80,16 +80,14 @@ def load(name: str) -> Cluster | None:
     if not f.exists():
         return None
     data = json.loads(f.read_text())
-    return Cluster(name=data["name"], dir=Path(data["dir"]), ports=data["ports"],
-                   pids=data["pids"])
+    return Cluster(name=data["name"], dir=Path(data["dir"]), ports=data["ports"], pids=data["pids"])
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def up(name: str = "default", nodes: int = 6, profile: str = "mixed",
-       echo: Echo = _say) -> Cluster:
+def up(name: str = "default", nodes: int = 6, profile: str = "mixed", echo: Echo = _say) -> Cluster:
     """Start a cluster (building binaries on first use) and create ``nodes`` kwok nodes."""
     build.ensure(CONTROL_PLANE, echo)
     existing = load(name)
@@ -139,11 +137,14 @@ def _write_kubeconfig(cluster: Cluster, token: str) -> None:
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster.name, "cluster": {
-            "server": cluster.server, "certificate-authority": str(ca)}}],
+        "clusters": [
+            {
+                "name": cluster.name,
+                "cluster": {"server": cluster.server, "certificate-authority": str(ca)},
+            }
+        ],
         "users": [{"name": "admin", "user": {"token": token}}],
-        "contexts": [{"name": cluster.name,
-                      "context": {"cluster": cluster.name, "user": "admin"}}],
+        "contexts": [{"name": cluster.name, "context": {"cluster": cluster.name, "user": "admin"}}],
         "current-context": cluster.name,
     }
     cluster.kubeconfig.write_text(json.dumps(cfg, indent=2))
@@ -153,41 +154,79 @@ def _write_kubeconfig(cluster: Cluster, token: str) -> None:
 def _argv(cluster: Cluster, component: str) -> list[str]:
     p, pk, kc = cluster.ports, cluster.pki, str(cluster.kubeconfig)
     bin_ = str(build.binary(component))
-    serving = [f"--tls-cert-file={pk / 'serving.crt'}",
-               f"--tls-private-key-file={pk / 'serving.key'}"]
+    serving = [
+        f"--tls-cert-file={pk / 'serving.crt'}",
+        f"--tls-private-key-file={pk / 'serving.key'}",
+    ]
     health_open = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
     if component == "etcd":
         peer = f"http://127.0.0.1:{p['etcd-peer']}"
         client = f"http://127.0.0.1:{p['etcd']}"
-        return [bin_, "--name=default", f"--data-dir={cluster.dir / 'etcd'}",
-                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=default={peer}", "--unsafe-no-fsync=true",
-                "--quota-backend-bytes=8589934592", "--log-level=warn"]
+        return [
+            bin_,
+            "--name=default",
+            f"--data-dir={cluster.dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=8589934592",
+            "--log-level=warn",
+        ]
     if component == "kube-apiserver":
-        return [bin_, f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-                f"--secure-port={p['kube-apiserver']}", *serving,
-                f"--client-ca-file={pk / 'ca.crt'}", f"--token-auth-file={pk / 'tokens.csv'}",
-                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pk / 'sa.key'}",
-                f"--service-account-signing-key-file={pk / 'sa.key'}",
-                "--service-cluster-ip-range=10.96.0.0/16"]
+        return [
+            bin_,
+            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['kube-apiserver']}",
+            *serving,
+            f"--client-ca-file={pk / 'ca.crt'}",
+            f"--token-auth-file={pk / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pk / 'sa.key'}",
+            f"--service-account-signing-key-file={pk / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+        ]
     if component == "kube-controller-manager":
-        return [bin_, f"--kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={p[component]}", *serving, health_open,
-                f"--root-ca-file={pk / 'ca.crt'}",
-                f"--service-account-private-key-file={pk / 'sa.key'}",
-                "--use-service-account-credentials=true"]
+        return [
+            bin_,
+            f"--kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p[component]}",
+            *serving,
+            health_open,
+            f"--root-ca-file={pk / 'ca.crt'}",
+            f"--service-account-private-key-file={pk / 'sa.key'}",
+            "--use-service-account-credentials=true",
+        ]
     if component == "kube-scheduler":
-        return [bin_, f"--kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={p[component]}", *serving, health_open]
+        return [
+            bin_,
+            f"--kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p[component]}",
+            *serving,
+            health_open,
+        ]
     if component == "kwok":
-        return [bin_, f"--kubeconfig={kc}", f"--config={STAGES}",
-                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
-                "--cidr=10.0.0.0/16", f"--server-address=127.0.0.1:{p['kwok']}", *serving]
+        return [
+            bin_,
+            f"--kubeconfig={kc}",
+            f"--config={STAGES}",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            "--node-ip=127.0.0.1",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.0.0.0/16",
+            f"--server-address=127.0.0.1:{p['kwok']}",
+            *serving,
+        ]
     raise KeyError(component)
 
 
@@ -197,8 +236,9 @@ def _start(cluster: Cluster, echo: Echo) -> None:
         if component == "kwok":
             # kwok reads ~/.kwok/kwok.yaml when present; keep a user's file out.
             env["HOME"] = str(cluster.dir)
-        cluster.pids[component] = procs.spawn(_argv(cluster, component), cluster.log(component),
-                                              env)
+        cluster.pids[component] = procs.spawn(
+            _argv(cluster, component), cluster.log(component), env
+        )
         cluster.save()
         started = time.monotonic()
         _wait_ready(cluster, component)
@@ -210,7 +250,7 @@ def _ssl_context(cluster: Cluster) -> ssl.SSLContext:
 
 
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> str:
-    with urllib.request.urlopen(url, timeout=2, context=ctx) as r:  # noqa: S310 - loopback
+    with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
         return str(r.read().decode())
 
 
@@ -220,7 +260,9 @@ def _ready_probe(cluster: Cluster, component: str) -> bool:
         if component == "etcd":
             return '"health":"true"' in _get(f"http://127.0.0.1:{p['etcd']}/health")
         path = "readyz" if component == "kube-apiserver" else "healthz"
-        return _get(f"https://127.0.0.1:{p[component]}/{path}", _ssl_context(cluster)).strip() == "ok"
+        return (
+            _get(f"https://127.0.0.1:{p[component]}/{path}", _ssl_context(cluster)).strip() == "ok"
+        )
     except OSError:
         return False
 
@@ -230,13 +272,17 @@ def _wait_ready(cluster: Cluster, component: str, timeout: float = 120.0) -> Non
     pid = cluster.pids[component]
     while time.monotonic() < deadline:
         if not procs.runs(pid, component):
-            raise ClusterError(f"{component} exited during start-up; last lines of "
-                               f"{cluster.log(component)}:\n{_tail(cluster.log(component))}")
+            raise ClusterError(
+                f"{component} exited during start-up; last lines of "
+                f"{cluster.log(component)}:\n{_tail(cluster.log(component))}"
+            )
         if _ready_probe(cluster, component):
             return
         time.sleep(0.2)
-    raise ClusterError(f"{component} did not become ready in {timeout:.0f}s; see "
-                       f"{cluster.log(component)}:\n{_tail(cluster.log(component))}")
+    raise ClusterError(
+        f"{component} did not become ready in {timeout:.0f}s; see "
+        f"{cluster.log(component)}:\n{_tail(cluster.log(component))}"
+    )
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -252,8 +298,9 @@ def api_client(cluster: Cluster) -> Any:
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
 
 
-def add_nodes(cluster: Cluster, manifests: list[dict[str, Any]], echo: Echo = _say,
-              timeout: float = 300.0) -> None:
+def add_nodes(
+    cluster: Cluster, manifests: list[dict[str, Any]], echo: Echo = _say, timeout: float = 300.0
+) -> None:
     """Create kwok nodes and wait until every one is Ready."""
     from kubernetes import client
 
@@ -263,14 +310,18 @@ def add_nodes(cluster: Cluster, manifests: list[dict[str, Any]], echo: Echo = _s
     names = {m["metadata"]["name"] for m in manifests}
     deadline = time.monotonic() + timeout
     while True:
-        ready = {n.metadata.name for n in api.list_node(label_selector="type=kwok").items
-                 if any(c.type == "Ready" and c.status == "True"
-                        for c in (n.status.conditions or []))}
+        ready = {
+            n.metadata.name
+            for n in api.list_node(label_selector="type=kwok").items
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        }
         if names <= ready:
             echo(f"devcluster:   {len(names)} kwok nodes Ready")
             return
         if time.monotonic() > deadline:
             missing = sorted(names - ready)
-            raise ClusterError(f"{len(missing)} kwok nodes not Ready after {timeout:.0f}s "
-                               f"(e.g. {', '.join(missing[:5])}); see {cluster.log('kwok')}")
+            raise ClusterError(
+                f"{len(missing)} kwok nodes not Ready after {timeout:.0f}s "
+                f"(e.g. {', '.join(missing[:5])}); see {cluster.log('kwok')}"
+            )
         time.sleep(0.5)

@@ -27,8 +27,9 @@ def step(msg: str) -> None:
 
 
 def kubectl(c: cluster.Cluster, *args: str) -> None:
-    subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={c.kubeconfig}", *args],
-                   check=True)
+    subprocess.run(
+        [str(build.binary("kubectl")), f"--kubeconfig={c.kubeconfig}", *args], check=True
+    )
 
 
 def main() -> int:
@@ -42,19 +43,34 @@ def main() -> int:
     operator = None
     try:
         step("the simulated fleet: accelerators and kernels")
-        kubectl(c, "get", "nodes", "-o", "wide", "-L",
-                "intel.feature.node.kubernetes.io/gpu-pci,"
-                "feature.node.kubernetes.io/pci-1200_1e52.present")
+        kubectl(
+            c,
+            "get",
+            "nodes",
+            "-o",
+            "wide",
+            "-L",
+            "intel.feature.node.kubernetes.io/gpu-pci,"
+            "feature.node.kubernetes.io/pci-1200_1e52.present",
+        )
 
         step("starting the kmodkit operator against it")
         port = procs.free_port()
         log = c.dir / "logs" / "operator.log"
         with open(log, "w") as fh:
             operator = subprocess.Popen(
-                [str(Path(sys.executable).parent / "kmodkit"), "run", "--health-host",
-                 "127.0.0.1", "--health-port", str(port)],
+                [
+                    str(Path(sys.executable).parent / "kmodkit"),
+                    "run",
+                    "--health-host",
+                    "127.0.0.1",
+                    "--health-port",
+                    str(port),
+                ],
                 env=dict(os.environ, KUBECONFIG=str(c.kubeconfig)),
-                stdout=fh, stderr=subprocess.STDOUT)
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
         health = _wait_health(port, operator)
         for name, state in health.get("backends", {}).items():
             print(f"    backend {name:12} {state}")
@@ -67,8 +83,10 @@ def main() -> int:
         if operator is not None and operator.poll() is None:
             operator.kill()
         if args.keep:
-            print(f"\ncluster left running: export KUBECONFIG={c.kubeconfig}; "
-                  f"stop it with: kmodkit dev down --name {NAME}")
+            print(
+                f"\ncluster left running: export KUBECONFIG={c.kubeconfig}; "
+                f"stop it with: kmodkit dev down --name {NAME}"
+            )
         else:
             cluster.down(NAME)
 

@@ -22,21 +22,62 @@ def make_pki(d: Path, admin_token: str) -> None:
     d.mkdir(parents=True, exist_ok=True)
     if (d / "serving.crt").exists():
         return
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-             "-subj", "/CN=kmodkit-devcluster-ca",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-             "-keyout", "serving.key", "-out", "serving.csr", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=kmodkit-devcluster-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=d,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "serving.key",
+        "-out",
+        "serving.csr",
+        cwd=d,
+    )
     (d / "serving.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
         "extendedKeyUsage=serverAuth\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
     )
-    _openssl("x509", "-req", "-in", "serving.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "3650", "-extfile", "serving.ext",
-             "-out", "serving.crt", cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "serving.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-extfile",
+        "serving.ext",
+        "-out",
+        "serving.crt",
+        cwd=d,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     (d / "tokens.csv").write_text(f"{admin_token},{ADMIN_TOKEN_USER},uid-admin,system:masters\n")
     for key in ("ca.key", "serving.key", "sa.key", "tokens.csv"):

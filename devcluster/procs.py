@@ -7,6 +7,7 @@ that it still runs the binary we started, so a recycled pid is never killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -26,8 +27,13 @@ def spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            list(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True, close_fds=True,
+            list(argv),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
         )
     return proc.pid
 
@@ -71,7 +77,5 @@ def _is_zombie(pid: int) -> bool:
 
 def _reap(pid: int) -> None:
     # Only our own children can be reaped; for others this is a harmless error.
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

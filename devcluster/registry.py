@@ -31,15 +31,21 @@ class Registry:
     def dockerconfigjson(self) -> str:
         """The body of a kubernetes.io/dockerconfigjson Secret for this registry."""
         auth = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        return json.dumps({"auths": {self.host: {
-            "username": self.username, "password": self.password, "auth": auth}}})
+        return json.dumps(
+            {
+                "auths": {
+                    self.host: {"username": self.username, "password": self.password, "auth": auth}
+                }
+            }
+        )
 
     def stop(self) -> None:
         procs.stop(self.pid, "registry")
 
 
-def start(workdir: Path, username: str, password: str, tls: bool = True,
-          pki_dir: Path | None = None) -> Registry:
+def start(
+    workdir: Path, username: str, password: str, tls: bool = True, pki_dir: Path | None = None
+) -> Registry:
     """Start a registry storing blobs under ``workdir``; TLS uses ``pki_dir``'s CA."""
     import bcrypt
 
@@ -55,14 +61,18 @@ def start(workdir: Path, username: str, password: str, tls: bool = True,
     if tls:
         pki_dir = pki_dir or workdir / "pki"
         pki.make_pki(pki_dir, admin_token="unused")
-        http["tls"] = {"certificate": str(pki_dir / "serving.crt"),
-                       "key": str(pki_dir / "serving.key")}
+        http["tls"] = {
+            "certificate": str(pki_dir / "serving.crt"),
+            "key": str(pki_dir / "serving.key"),
+        }
         ca = pki_dir / "ca.crt"
     config = {
         "version": 0.1,
         "log": {"level": "warn", "accesslog": {"disabled": True}},
-        "storage": {"filesystem": {"rootdirectory": str(workdir / "data")},
-                    "delete": {"enabled": True}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(workdir / "data")},
+            "delete": {"enabled": True},
+        },
         "http": http,
         "auth": {"htpasswd": {"realm": "kmodkit-test", "path": str(workdir / "htpasswd")}},
     }
@@ -70,8 +80,9 @@ def start(workdir: Path, username: str, password: str, tls: bool = True,
     # Without this, distribution v3 tries to export traces to localhost:4318.
     env = dict(os.environ, OTEL_TRACES_EXPORTER="none")
     log = workdir / "registry.log"
-    pid = procs.spawn([str(build.binary("registry")), "serve", str(workdir / "config.yml")],
-                      log, env)
+    pid = procs.spawn(
+        [str(build.binary("registry")), "serve", str(workdir / "config.yml")], log, env
+    )
     reg = Registry(f"127.0.0.1:{port}", username, password, ca, pid, log)
     _wait(reg)
     return reg
@@ -84,7 +95,7 @@ def _wait(reg: Registry, timeout: float = 30.0) -> None:
         if not procs.runs(reg.pid, "registry"):
             raise RuntimeError(f"registry exited at start-up:\n{reg.log.read_text()[-2000:]}")
         try:
-            urllib.request.urlopen(f"{reg.url}/v2/", timeout=2, context=ctx)  # noqa: S310
+            urllib.request.urlopen(f"{reg.url}/v2/", timeout=2, context=ctx)
         except urllib.error.HTTPError as e:
             if e.code == 401:  # up, and asking for credentials as configured
                 return

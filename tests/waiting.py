@@ -9,15 +9,17 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(probe: Callable[[], T], what: str, timeout: float = 60.0,
-               interval: float = 0.25) -> T:
+def wait_until(
+    probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.25
+) -> T:
     """Call ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
     deadline = time.monotonic() + timeout
     last: T = probe()
     while not last:
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} "
-                                 f"(last seen: {last!r})")
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last seen: {last!r})"
+            )
         time.sleep(interval)
         last = probe()
     return last

@@ -24,7 +24,8 @@ def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     settings.persistence.finalizer = "kmodkit.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kmodkit.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kmodkit.io", key="last-handled-configuration")
+        prefix="kmodkit.io", key="last-handled-configuration"
+    )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
@@ -51,17 +52,23 @@ def build_registry(namespace: str, found: list[Discovered]) -> kopf.OperatorRegi
 
     @kopf.on.probe(id="backends", registry=registry)
     def backends_probe(**_: Any) -> dict[str, str]:
-        return {d.name: ("running" if d.active else "disabled" if not d.enabled
-                         else f"failed: {d.error}") for d in found}
+        return {
+            d.name: (
+                "running" if d.active else "disabled" if not d.enabled else f"failed: {d.error}"
+            )
+            for d in found
+        }
 
     return registry
 
 
-def run_operator(namespace: str, health_host: str, health_port: int,
-                 enabled: set[str] | None) -> int:
+def run_operator(
+    namespace: str, health_host: str, health_port: int, enabled: set[str] | None
+) -> int:
     json_logs = not sys.stderr.isatty()
-    kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN,
-                   verbose=False)
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=False
+    )
     found = discover(enabled)
     registry = build_registry(namespace, found)
     kopf.run(

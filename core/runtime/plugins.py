@@ -28,12 +28,15 @@ class Discovered:
 def check(name: str, obj: object) -> Backend:
     """Return ``obj`` as a Backend, or raise ValueError saying what is wrong with it."""
     if not isinstance(obj, Backend):
-        raise ValueError(f"entry point {name!r} is a {type(obj).__name__}, not a "
-                         "core.backend.Backend")
+        raise ValueError(
+            f"entry point {name!r} is a {type(obj).__name__}, not a core.backend.Backend"
+        )
     if obj.contract != CONTRACT_VERSION:
-        raise ValueError(f"backend {name!r} {obj.version} was written for backend contract "
-                         f"v{obj.contract}, this kmodkit speaks v{CONTRACT_VERSION}; install a "
-                         "release of the backend built for this kmodkit")
+        raise ValueError(
+            f"backend {name!r} {obj.version} was written for backend contract "
+            f"v{obj.contract}, this kmodkit speaks v{CONTRACT_VERSION}; install a "
+            "release of the backend built for this kmodkit"
+        )
     return obj
 
 
@@ -46,10 +49,12 @@ def _load(ep: EntryPoint, enabled: bool) -> Discovered:
         return Discovered(ep.name, True, error=f"{type(e).__name__}: {e}")
 
 
-def discover(enabled: Iterable[str] | None = None,
-             eps: Iterable[EntryPoint] | None = None) -> list[Discovered]:
+def discover(
+    enabled: Iterable[str] | None = None, eps: Iterable[EntryPoint] | None = None
+) -> list[Discovered]:
     """Every installed backend, loaded when enabled (``None`` enables all)."""
     wanted = None if enabled is None else set(enabled)
     found = entry_points(group=ENTRY_POINT_GROUP) if eps is None else eps
-    return sorted((_load(ep, wanted is None or ep.name in wanted) for ep in found),
-                  key=lambda d: d.name)
+    return sorted(
+        (_load(ep, wanted is None or ep.name in wanted) for ep in found), key=lambda d: d.name
+    )

@@ -37,30 +37,52 @@ def test_crd_with_cel_rule_rejects_with_its_message(kube_api: Any, namespace: st
             "group": group,
             "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
             "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
-                    "type": "object",
-                    "properties": {"replicas": {"type": "integer"}},
-                    "x-kubernetes-validations": [{
-                        "rule": "self.replicas <= 3",
-                        "message": "spec.replicas must be at most 3",
-                    }],
-                }}}},
-            }],
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {"replicas": {"type": "integer"}},
+                                    "x-kubernetes-validations": [
+                                        {
+                                            "rule": "self.replicas <= 3",
+                                            "message": "spec.replicas must be at most 3",
+                                        }
+                                    ],
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
     ext.create_custom_resource_definition(crd)
     try:
-        wait_until(lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in (ext.read_custom_resource_definition(f"widgets.{group}").status.conditions
-                      or [])), "the CRD to be established")
+        wait_until(
+            lambda: any(
+                c.type == "Established" and c.status == "True"
+                for c in (
+                    ext.read_custom_resource_definition(f"widgets.{group}").status.conditions or []
+                )
+            ),
+            "the CRD to be established",
+        )
         co = client.CustomObjectsApi(kube_api)
 
         def make(replicas: int) -> dict[str, Any]:
-            return {"apiVersion": f"{group}/v1", "kind": "Widget",
-                    "metadata": {"name": f"w{replicas}"}, "spec": {"replicas": replicas}}
+            return {
+                "apiVersion": f"{group}/v1",
+                "kind": "Widget",
+                "metadata": {"name": f"w{replicas}"},
+                "spec": {"replicas": replicas},
+            }
 
         # A freshly established CRD can take a moment to be served.
         wait_until(lambda: _try_create(co, group, namespace, make(2)), "the CR to be created")
@@ -85,8 +107,7 @@ def _try_create(co: client.CustomObjectsApi, group: str, ns: str, body: dict[str
 @pytest.fixture
 def kwok_node(dev_cluster: devcluster.Cluster) -> Any:
     name = f"smoke-{_uid()}"
-    devcluster.add_nodes(dev_cluster, [node_manifest(name, "6.8.0-45-generic",
-                                                     {"smoke": name})])
+    devcluster.add_nodes(dev_cluster, [node_manifest(name, "6.8.0-45-generic", {"smoke": name})])
     yield name
     client.CoreV1Api(devcluster.api_client(dev_cluster)).delete_node(name)
 
@@ -100,40 +121,67 @@ def test_node_label_patch_and_cordon(kube_api: Any, kwok_node: str) -> None:
     assert node.spec.unschedulable is True
     assert node.status.node_info.kernel_version == "6.8.0-45-generic"
     # The controller-manager taints a cordoned node; kwok keeps it Ready.
-    wait_until(lambda: any(t.key == "node.kubernetes.io/unschedulable"
-                           for t in (core.read_node(kwok_node).spec.taints or [])),
-               "the unschedulable taint")
+    wait_until(
+        lambda: any(
+            t.key == "node.kubernetes.io/unschedulable"
+            for t in (core.read_node(kwok_node).spec.taints or [])
+        ),
+        "the unschedulable taint",
+    )
 
 
 def _pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox:1.36"}]}}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox:1.36"}]},
+    }
 
 
-def test_eviction_honours_pod_disruption_budget(kube_api: Any, namespace: str,
-                                                kwok_node: str) -> None:
+def test_eviction_honours_pod_disruption_budget(
+    kube_api: Any, namespace: str, kwok_node: str
+) -> None:
     core = client.CoreV1Api(kube_api)
     policy = client.PolicyV1Api(kube_api)
     for n in ("a", "b"):
         core.create_namespaced_pod(namespace, _pod(n, kwok_node, {"app": "pdb"}))
     for n in ("a", "b"):
-        wait_until(lambda n=n: core.read_namespaced_pod(n, namespace).status.phase == "Running",
-                   f"pod {n} to run")
-    policy.create_namespaced_pod_disruption_budget(namespace, {
-        "metadata": {"name": "pdb"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pdb"}}}})
-    wait_until(lambda: (policy.read_namespaced_pod_disruption_budget("pdb", namespace)
-                        .status.disruptions_allowed == 1), "the PDB to allow one disruption")
+        wait_until(
+            lambda n=n: core.read_namespaced_pod(n, namespace).status.phase == "Running",
+            f"pod {n} to run",
+        )
+    policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "metadata": {"name": "pdb"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pdb"}}},
+        },
+    )
+    wait_until(
+        lambda: (
+            policy.read_namespaced_pod_disruption_budget(
+                "pdb", namespace
+            ).status.disruptions_allowed
+            == 1
+        ),
+        "the PDB to allow one disruption",
+    )
 
     def evict(name: str) -> None:
-        core.create_namespaced_pod_eviction(name, namespace, {
-            "apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace}})
+        core.create_namespaced_pod_eviction(
+            name,
+            namespace,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            },
+        )
 
     evict("a")
-    wait_until(lambda: "a" not in {p.metadata.name
-                                   for p in core.list_namespaced_pod(namespace).items},
-               "the evicted pod to be gone")
+    wait_until(
+        lambda: "a" not in {p.metadata.name for p in core.list_namespaced_pod(namespace).items},
+        "the evicted pod to be gone",
+    )
     with pytest.raises(ApiException) as err:
         evict("b")
     assert err.value.status == 429  # the budget refuses the second disruption
@@ -143,10 +191,23 @@ def test_eviction_honours_pod_disruption_budget(kube_api: Any, namespace: str,
 def test_owner_reference_garbage_collects_child(kube_api: Any, namespace: str) -> None:
     core = client.CoreV1Api(kube_api)
     parent = core.create_namespaced_config_map(namespace, {"metadata": {"name": "parent"}})
-    core.create_namespaced_config_map(namespace, {"metadata": {
-        "name": "child",
-        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
-                             "uid": parent.metadata.uid, "controller": True}]}})
+    core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {
+                "name": "child",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "name": "parent",
+                        "uid": parent.metadata.uid,
+                        "controller": True,
+                    }
+                ],
+            }
+        },
+    )
     core.delete_namespaced_config_map("parent", namespace)
 
     def child_gone() -> bool:
@@ -160,23 +221,36 @@ def test_owner_reference_garbage_collects_child(kube_api: Any, namespace: str) -
 
 
 def test_daemonset_gets_one_ready_pod_per_matching_node(
-        kube_api: Any, namespace: str, dev_cluster: devcluster.Cluster) -> None:
+    kube_api: Any, namespace: str, dev_cluster: devcluster.Cluster
+) -> None:
     tag = _uid()
     names = [f"ds-{tag}-{i}" for i in range(3)]
-    devcluster.add_nodes(dev_cluster, [
-        node_manifest(n, "7.0.0-14-generic", {"ds-smoke": tag}) for n in names])
+    devcluster.add_nodes(
+        dev_cluster, [node_manifest(n, "7.0.0-14-generic", {"ds-smoke": tag}) for n in names]
+    )
     core = client.CoreV1Api(kube_api)
     try:
         apps = client.AppsV1Api(kube_api)
-        apps.create_namespaced_daemon_set(namespace, {
-            "metadata": {"name": "agent"},
-            "spec": {"selector": {"matchLabels": {"app": "agent"}},
-                     "template": {"metadata": {"labels": {"app": "agent"}},
-                                  "spec": {"nodeSelector": {"ds-smoke": tag},
-                                           "containers": [{"name": "c",
-                                                           "image": "busybox:1.36"}]}}}})
-        wait_until(lambda: apps.read_namespaced_daemon_set("agent", namespace)
-                   .status.number_ready == 3, "3 ready daemon pods")
+        apps.create_namespaced_daemon_set(
+            namespace,
+            {
+                "metadata": {"name": "agent"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "agent"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "agent"}},
+                        "spec": {
+                            "nodeSelector": {"ds-smoke": tag},
+                            "containers": [{"name": "c", "image": "busybox:1.36"}],
+                        },
+                    },
+                },
+            },
+        )
+        wait_until(
+            lambda: apps.read_namespaced_daemon_set("agent", namespace).status.number_ready == 3,
+            "3 ready daemon pods",
+        )
         pods = core.list_namespaced_pod(namespace, label_selector="app=agent").items
         assert sorted(p.spec.node_name for p in pods) == sorted(names)
     finally:
@@ -188,11 +262,20 @@ def test_job_completes_and_a_simulated_failure_fails(kube_api: Any, namespace: s
     batch = client.BatchV1Api(kube_api)
 
     def job(name: str, labels: dict[str, str]) -> dict[str, Any]:
-        return {"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"restartPolicy": "Never",
-                     "nodeSelector": {"type": "kwok"},
-                     "containers": [{"name": "c", "image": "busybox:1.36"}]}}}}
+        return {
+            "metadata": {"name": name},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "nodeSelector": {"type": "kwok"},
+                        "containers": [{"name": "c", "image": "busybox:1.36"}],
+                    },
+                },
+            },
+        }
 
     batch.create_namespaced_job(namespace, job("ok", {}))
     batch.create_namespaced_job(namespace, job("bad", {"kmodkit.io/simulate": "fail"}))
@@ -209,14 +292,24 @@ def test_operator_runtime_starts_loads_backends_and_stops_cleanly(kubeconfig: st
     port = procs.free_port()
     env = dict(os.environ, KUBECONFIG=kubeconfig)
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "kmodkit"), "run", "--health-host", "127.0.0.1",
-         "--health-port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            str(Path(sys.executable).parent / "kmodkit"),
+            "run",
+            "--health-host",
+            "127.0.0.1",
+            "--health-port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
+
         def health() -> dict[str, Any] | None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
-                                            timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
                     return dict(json.loads(r.read()))
             except OSError:
                 assert proc.poll() is None, f"operator exited: {proc.stdout.read()}"
