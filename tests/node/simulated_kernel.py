@@ -1,0 +1,363 @@
+"""A small simulated kernel behind the kmod commands, for node-agent tests.
+
+It answers ``insmod``, ``rmmod``, ``modprobe``, ``depmod`` and ``modinfo`` the
+way Linux and kmod do, and keeps a host root's ``/proc/modules``,
+``/sys/module/<m>/{initstate,refcnt,version,taint,parameters}`` and
+``/proc/<pid>/fd`` in step, so the agent reads its state exactly as on a node.
+The rules it enforces are the kernel's: a module loads only after the modules
+it uses; a module in use (by another module or an open device) cannot be
+removed; a driver whose firmware is missing fails its init; SIGKILL frees the
+files a process held.
+
+A ``.ko`` here is a JSON document (see ``write_module``), not an ELF object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.agent.kmod import CommandResult
+
+FIRMWARE_SEARCH = ("/lib/firmware/updates", "/lib/firmware")
+
+
+def kname(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def write_module(
+    path: Path,
+    name: str,
+    *,
+    version: str | None = None,
+    depends: Sequence[str] = (),
+    devices: Sequence[str] = (),
+    firmware: Sequence[str] = (),
+    in_tree: bool = False,
+) -> Path:
+    """Write a fake module: what the simulated kernel needs to know to load it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "name": kname(name),
+                "version": version,
+                "depends": [kname(d) for d in depends],
+                "devices": list(devices),
+                "firmware": list(firmware),
+                "in_tree": in_tree,
+            }
+        )
+    )
+    return path
+
+
+@dataclass
+class _Module:
+    name: str
+    version: str | None
+    depends: list[str]
+    devices: list[str]
+    out_of_tree: bool
+    parameters: dict[str, str]
+    # References held by open files (and anything else that is not a module).
+    refs: int = 0
+
+
+@dataclass
+class _Process:
+    pid: int
+    devices: list[str]
+    unkillable: bool
+
+
+@dataclass
+class SimulatedKernel:
+    host: Path
+    release: str = "6.1.0-sim-amd64"
+    builtin: Sequence[str] = ()
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    kills: list[tuple[int, int]] = field(default_factory=list)
+    modules: dict[str, _Module] = field(default_factory=dict)
+    processes: dict[int, _Process] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._write(Path("/proc/sys/kernel/osrelease"), self.release + "\n")
+        builtin_list = "".join(f"kernel/drivers/sim/{b}.ko\n" for b in self.builtin)
+        self._write(Path(f"/lib/modules/{self.release}/modules.builtin"), builtin_list)
+        for name in self.builtin:
+            # Built-in modules with parameters appear in sysfs, without initstate.
+            self._path(f"/sys/module/{kname(name)}/parameters").mkdir(parents=True, exist_ok=True)
+        self._write(Path("/sys/module/firmware_class/parameters/path"), "\n")
+        self._publish()
+
+    # -- the world outside the kmod commands ------------------------------
+
+    def open_device(
+        self,
+        pid: int,
+        comm: str,
+        device: str,
+        *,
+        cmdline: Sequence[str] = (),
+        unkillable: bool = False,
+    ) -> None:
+        """A process opens a device node; the module providing it gains a reference."""
+        owner = next((m for m in self.modules.values() if device in m.devices), None)
+        if owner is None:
+            raise ValueError(f"no loaded module provides {device}")
+        owner.refs += 1
+        process = self.processes.setdefault(pid, _Process(pid, [], unkillable))
+        process.devices.append(device)
+        self._make_proc_entry(pid, comm, cmdline or (comm,), process.devices)
+        self._publish()
+
+    def spawn(self, pid: int, comm: str, open_files: Sequence[str]) -> None:
+        """A process that holds files no module cares about."""
+        self._make_proc_entry(pid, comm, (comm,), list(open_files))
+
+    def hold_invisibly(self, module: str) -> None:
+        """A reference from outside this PID namespace: no /proc entry to find."""
+        self.modules[kname(module)].refs += 1
+        self._publish()
+
+    def kill(self, pid: int, signum: int) -> None:
+        if not self._path(f"/proc/{pid}").exists():
+            raise ProcessLookupError(pid)
+        self.kills.append((pid, signum))
+        process = self.processes.get(pid)
+        if process is not None and process.unkillable:
+            return  # stuck in uninterruptible sleep: the signal stays pending
+        shutil.rmtree(self._path(f"/proc/{pid}"))
+        if process is not None:
+            del self.processes[pid]
+            for device in process.devices:
+                for module in self.modules.values():
+                    if device in module.devices:
+                        module.refs -= 1
+        self._publish()
+
+    def reboot(self) -> SimulatedKernel:
+        """A fresh boot on the same disk: nothing loaded, no processes."""
+        shutil.rmtree(self._path("/proc"))
+        shutil.rmtree(self._path("/sys"))
+        return SimulatedKernel(self.host, self.release, self.builtin)
+
+    def firmware_class_path(self) -> str:
+        parameter = self._path("/sys/module/firmware_class/parameters/path")
+        return parameter.read_text().strip() if parameter.exists() else ""
+
+    # -- the kmod commands ------------------------------------------------
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        args = tuple(argv)
+        self.calls.append(args)
+        tool = os.path.basename(args[0])
+        handlers = {
+            "insmod": self._insmod,
+            "rmmod": self._rmmod,
+            "modprobe": self._modprobe,
+            "depmod": self._depmod,
+            "modinfo": self._modinfo,
+        }
+        if tool not in handlers:
+            return CommandResult(args, 127, "", f"{tool}: not a kmod command")
+        try:
+            out = handlers[tool](list(args[1:]))
+        except _Fail as failure:
+            return CommandResult(args, 1, "", f"{tool}: ERROR: {failure}\n")
+        return CommandResult(args, 0, out, "")
+
+    def _insmod(self, args: list[str]) -> str:
+        path, *parameters = args
+        self._insert(Path(path), parameters)
+        return ""
+
+    def _rmmod(self, args: list[str]) -> str:
+        if any(a.startswith("-") for a in args):
+            raise _Fail("the simulation refuses rmmod options: forced removal corrupts a kernel")
+        (target,) = args
+        name = kname(Path(target).name.removesuffix(".ko"))
+        if name in self.builtin:
+            raise _Fail(f"Module {name} is builtin.")
+        module = self.modules.get(name)
+        if module is None:
+            raise _Fail(f"Module {name} is not currently loaded")
+        users = self._users(name)
+        if users:
+            raise _Fail(f"Module {name} is in use by: {' '.join(users)}")
+        if module.refs:
+            raise _Fail(f"Module {name} is in use")
+        del self.modules[name]
+        shutil.rmtree(self._path(f"/sys/module/{name}"))
+        self._publish()
+        return ""
+
+    def _modprobe(self, args: list[str]) -> str:
+        base: str | None = None
+        words: list[str] = []
+        rest = iter(args)
+        for arg in rest:
+            if arg == "-d":
+                base = next(rest)
+            elif arg == "-r":
+                raise _Fail("the simulation does not implement modprobe -r")
+            elif not arg.startswith("-"):
+                words.append(arg)
+        if base is None:
+            raise _Fail("the simulation needs modprobe -d <dir>")
+        name, *parameters = words
+        name = kname(name)
+        if name in self.modules or name in self.builtin:
+            return ""
+        modules_dir = Path(base) / "lib" / "modules" / self.release
+        dep = self._read_dep(modules_dir)
+        if name not in dep:
+            raise _Fail(f"FATAL: Module {name} not found in directory {modules_dir}")
+        relpath, deps = dep[name]
+        for dependency in reversed(deps):
+            if kname(Path(dependency).stem) not in self.modules:
+                self._insert(modules_dir / dependency, [])
+        self._insert(modules_dir / relpath, parameters)
+        return f"insmod {modules_dir / relpath} {' '.join(parameters)}".strip() + "\n"
+
+    def _depmod(self, args: list[str]) -> str:
+        base = args[args.index("-b") + 1]
+        release = args[-1]
+        modules_dir = Path(base) / "lib" / "modules" / release
+        found = {_read_ko(p)["name"]: p.relative_to(modules_dir) for p in modules_dir.rglob("*.ko")}
+        lines = []
+        for relpath in sorted(found.values()):
+            closure: list[str] = []
+            queue = list(_read_ko(modules_dir / relpath)["depends"])
+            while queue:
+                dependency = queue.pop(0)
+                if dependency in closure or dependency not in found:
+                    continue
+                closure.append(dependency)
+                queue.extend(_read_ko(modules_dir / found[dependency])["depends"])
+            lines.append(f"{relpath}: {' '.join(str(found[d]) for d in closure)}".rstrip())
+        (modules_dir / "modules.dep").write_text("\n".join(lines) + "\n")
+        return ""
+
+    def _modinfo(self, args: list[str]) -> str:
+        base = args[args.index("-b") + 1]
+        release = args[args.index("-k") + 1]
+        wanted = args[args.index("-F") + 1]
+        module = args[-1]
+        modules_dir = Path(base) / "lib" / "modules" / release
+        dep = self._read_dep(modules_dir)
+        if kname(module) not in dep:
+            raise _Fail(f"Module {module} not found.")
+        info = _read_ko(modules_dir / dep[kname(module)][0])
+        value = info.get(wanted)
+        return "" if value is None else f"{value}\n"
+
+    # -- kernel internals -------------------------------------------------
+
+    def _insert(self, path: Path, parameters: list[str]) -> None:
+        try:
+            info = _read_ko(path)
+        except FileNotFoundError:
+            raise _Fail(f"could not load module {path}: No such file or directory") from None
+        name = info["name"]
+        if name in self.modules or name in self.builtin:
+            raise _Fail(f"could not insert module {path}: File exists")
+        missing = [d for d in info["depends"] if d not in self.modules]
+        if missing:
+            raise _Fail(
+                f"could not insert module {path}: Unknown symbol in module "
+                f"(needs {', '.join(missing)})"
+            )
+        absent_firmware = [f for f in info["firmware"] if not self._firmware_exists(f)]
+        if absent_firmware:
+            # request_firmware() failed during probe, so init returned -ENOENT.
+            raise _Fail(f"could not insert module {path}: No such file or directory")
+        self.modules[name] = _Module(
+            name=name,
+            version=info["version"],
+            depends=list(info["depends"]),
+            devices=list(info["devices"]),
+            out_of_tree=not info["in_tree"],
+            parameters=dict(p.split("=", 1) for p in parameters),
+        )
+        self._publish()
+
+    def _firmware_exists(self, relative: str) -> bool:
+        custom = self.firmware_class_path()
+        search = [*FIRMWARE_SEARCH, *([custom] if custom else [])]
+        return any(self._path(f"{directory}/{relative}").is_file() for directory in search)
+
+    def _users(self, name: str) -> list[str]:
+        return [m.name for m in self.modules.values() if name in m.depends]
+
+    def _publish(self) -> None:
+        """Rewrite /proc/modules and /sys/module/<m> from the kernel's state."""
+        lines = []
+        for module in self.modules.values():
+            users = self._users(module.name)
+            refcnt = len(users) + module.refs
+            taint = " (OE)" if module.out_of_tree else ""
+            used_by = "".join(f"{u}," for u in users) or "-"
+            lines.append(f"{module.name} 16384 {refcnt} {used_by} Live 0x0000000000000000{taint}")
+            sysdir = f"/sys/module/{module.name}"
+            self._write(Path(f"{sysdir}/initstate"), "live\n")
+            self._write(Path(f"{sysdir}/refcnt"), f"{refcnt}\n")
+            self._write(Path(f"{sysdir}/taint"), "OE\n" if module.out_of_tree else "\n")
+            if module.version is not None:
+                self._write(Path(f"{sysdir}/version"), module.version + "\n")
+            for key, value in module.parameters.items():
+                self._write(Path(f"{sysdir}/parameters/{key}"), value + "\n")
+        self._write(Path("/proc/modules"), "".join(line + "\n" for line in lines))
+
+    def _make_proc_entry(
+        self, pid: int, comm: str, cmdline: Sequence[str], open_files: list[str]
+    ) -> None:
+        proc = self._path(f"/proc/{pid}")
+        (proc / "fd").mkdir(parents=True, exist_ok=True)
+        (proc / "comm").write_text(comm + "\n")
+        (proc / "cmdline").write_text("\0".join(cmdline) + "\0")
+        for fd in (proc / "fd").iterdir():
+            fd.unlink()
+        for number, target in enumerate(open_files, start=3):
+            os.symlink(target, proc / "fd" / str(number))
+
+    def _read_dep(self, modules_dir: Path) -> dict[str, tuple[str, list[str]]]:
+        dep_file = modules_dir / "modules.dep"
+        if not dep_file.is_file():
+            raise _Fail(f"FATAL: could not open {dep_file}: No such file or directory")
+        entries: dict[str, tuple[str, list[str]]] = {}
+        for line in dep_file.read_text().splitlines():
+            relpath, _, deps = line.partition(":")
+            entries[kname(Path(relpath).stem)] = (relpath, deps.split())
+        return entries
+
+    def _path(self, host_path: str) -> Path:
+        return self.host / host_path.lstrip("/")
+
+    def _write(self, host_path: Path, text: str) -> None:
+        target = self._path(str(host_path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+class _Fail(Exception):
+    pass
+
+
+def _read_ko(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data

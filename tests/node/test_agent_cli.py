@@ -1,0 +1,241 @@
+"""The kmodkit-agent command: exit codes, JSON lines, status from the live kernel."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from core.agent.cli import main
+from core.agent.errors import ExitCode
+from core.agent.host_lock import LockTimeout, host_lock
+from core.agent.lifecycle import serve
+from tests.node.harness import DEP, DEVICE, TOP, Node
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def agent_cli(node: Node, *args: str, **config: Any) -> Result:
+    config_file = node.config_file(**config)
+    return CliRunner().invoke(
+        main,
+        ["--host-root", str(node.root), "--config", str(config_file), *args],
+        obj=node.access(),
+    )
+
+
+def lines(result: Result) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def test_every_line_is_one_json_object_ending_with_the_exit_code(node: Node) -> None:
+    node.image_pair()
+    result = agent_cli(node, "load")
+
+    assert result.exit_code == 0, result.output
+    records = lines(result)
+    assert all({"ts", "level", "command", "event"} <= r.keys() for r in records)
+    assert {r["command"] for r in records} == {"load"}
+    assert records[-1]["event"] == "exit"
+    assert records[-1]["exit_code"] == 0
+    assert [r["event"] for r in records if r["event"].startswith("module.")] == [
+        "module.loaded",
+        "module.loaded",
+    ]
+
+
+def test_load_failure_exits_1_with_the_reason(node: Node) -> None:
+    result = agent_cli(node, "load")
+
+    assert result.exit_code == ExitCode.FAILED
+    error = next(r for r in lines(result) if r["level"] == "error")
+    assert "no modules for kernel" in error["message"]
+
+
+def test_busy_unload_exits_3_and_names_the_holder(node: Node) -> None:
+    node.image_pair()
+    assert agent_cli(node, "load").exit_code == 0
+    node.kernel.open_device(4242, "tt-smi", DEVICE)
+
+    result = agent_cli(node, "unload")
+
+    assert result.exit_code == ExitCode.BUSY
+    refused = next(r for r in lines(result) if r["event"] == "unload.refused")
+    assert refused["holders"][0]["pid"] == 4242
+    assert refused["holders"][0]["comm"] == "tt-smi"
+    assert node.loaded() == [DEP, TOP]
+
+
+def test_force_unload_flag_overrides_the_config(node: Node) -> None:
+    node.image_pair()
+    assert agent_cli(node, "load").exit_code == 0
+    node.kernel.open_device(4242, "tt-smi", DEVICE)
+
+    result = agent_cli(node, "unload", "--force-unload")
+
+    assert result.exit_code == 0, result.output
+    assert node.kernel.kills == [(4242, signal.SIGKILL)]
+    assert node.loaded() == []
+
+
+def test_host_managed_load_exits_4(node: Node) -> None:
+    node.image_pair()
+    node.write_host("/usr/src/tenstorrent-2.8.0/dkms.conf")
+
+    result = agent_cli(node, "load")
+
+    assert result.exit_code == ExitCode.HOST_MANAGED
+    assert node.loaded() == []
+
+
+def test_detect_exit_codes(node: Node) -> None:
+    root = ["--host-root", str(node.root)]
+    container = CliRunner().invoke(main, [*root, "detect", "--dkms-module", TOP])
+    node.write_host("/usr/src/tenstorrent-2.8.0/dkms.conf")
+    host = CliRunner().invoke(main, [*root, "detect", "--dkms-module", TOP])
+    from_config = agent_cli(node, "detect")
+    other_name = CliRunner().invoke(main, [*root, "detect", "--dkms-module", "xe"])
+
+    assert container.exit_code == ExitCode.OK
+    assert host.exit_code == from_config.exit_code == ExitCode.HOST_MANAGED
+    assert other_name.exit_code == ExitCode.OK
+    detected = next(r for r in lines(host) if r["event"] == "host_mode.detected")
+    assert detected["install_mode"] == "host"
+    assert detected["signals"] == [
+        {"kind": "dkms-source", "path": "/usr/src/tenstorrent-2.8.0/dkms.conf"}
+    ]
+
+
+def test_status_reads_the_live_kernel_not_a_stamp(node: Node) -> None:
+    node.image_pair()
+    assert agent_cli(node, "status").exit_code == ExitCode.NOT_READY
+    assert agent_cli(node, "load").exit_code == 0
+    assert agent_cli(node, "status").exit_code == ExitCode.OK
+
+    node.kernel(["rmmod", TOP])  # someone unloads it behind the agent's back
+
+    result = agent_cli(node, "status")
+    assert result.exit_code == ExitCode.NOT_READY
+    status = next(r for r in lines(result) if r["event"] == "status")
+    assert status["problems"] == ["tenstorrent is not loaded"]
+
+
+def test_status_reports_a_version_mismatch(node: Node) -> None:
+    node.preload_pair("2.8.0")
+    result = agent_cli(node, "status")
+    assert result.exit_code == ExitCode.NOT_READY
+    status = next(r for r in lines(result) if r["event"] == "status")
+    assert status["problems"] == ["tenstorrent version is 2.8.0, expected 2.9.0"]
+
+
+def test_status_on_a_host_managed_node(node: Node) -> None:
+    node.preload_pair("2.8.0")
+    (node.root / "var/lib/dkms/tenstorrent").mkdir(parents=True)
+
+    assert agent_cli(node, "status").exit_code == ExitCode.HOST_MANAGED
+    assert agent_cli(node, "status", "--ready-if-host-managed").exit_code == ExitCode.OK
+
+
+def test_config_problems_exit_2_naming_the_field(node: Node, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("modprobe:\n  moduleName: tenstorrent\n  modulesLoadingOrder: [tt_helper]\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("modprobe: [unclosed\n")
+    root = ["--host-root", str(node.root)]
+
+    invalid = CliRunner().invoke(main, [*root, "--config", str(bad), "load"])
+    unparsable = CliRunner().invoke(main, [*root, "--config", str(broken), "load"])
+    missing = CliRunner().invoke(main, [*root, "load"])
+
+    assert invalid.exit_code == unparsable.exit_code == missing.exit_code == ExitCode.USAGE
+    problem = next(r for r in lines(invalid) if r["event"] == "config.invalid")
+    assert "modulesLoadingOrder needs at least 2 entries" in problem["message"]
+    assert "needs --config" in lines(missing)[0]["message"]
+
+
+def test_a_second_agent_waits_for_the_first_then_gives_up(node: Node) -> None:
+    node.image_pair()
+    with host_lock(node.host, TOP, timeout=1), pytest.raises(LockTimeout):
+        node.agent().load()
+    assert node.loaded() == []
+
+
+def test_run_leaves_the_driver_loaded_on_terminate_by_default(node: Node) -> None:
+    node.image_pair()
+    stop = threading.Event()
+    stop.set()  # SIGTERM arrives right after loading
+    agent = node.agent()
+
+    serve(agent, stop, unload_on_terminate=False)
+
+    assert node.loaded() == [DEP, TOP]
+    assert node.events("terminating.left_loaded")
+
+
+def test_run_unloads_on_terminate_when_asked(node: Node) -> None:
+    node.image_pair()
+    stop = threading.Event()
+    stop.set()
+
+    serve(node.agent(), stop, unload_on_terminate=True)
+
+    assert node.loaded() == []
+    assert [c[1] for c in node.kmod_calls("rmmod")] == [TOP, DEP]
+
+
+def test_run_idles_on_a_host_managed_node(node: Node) -> None:
+    node.image_pair()
+    node.write_host("/usr/src/tenstorrent-2.8.0/dkms.conf")
+    stop = threading.Event()
+    stop.set()
+
+    serve(node.agent(), stop, unload_on_terminate=True)
+
+    assert node.kernel.calls[-1][0] == "depmod"  # from image_pair; nothing since
+    assert node.events("host_managed.idle")
+
+
+@pytest.mark.parametrize("host_managed", [False, True])
+def test_the_real_process_stops_cleanly_on_sigterm(node: Node, host_managed: bool) -> None:
+    # Already loaded at the right version, so the real process needs no kmod tools.
+    node.preload_pair("2.9.0")
+    if host_managed:
+        node.write_host("/usr/src/tenstorrent-2.9.0/dkms.conf")
+    config_file = node.config_file()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from core.agent.cli import main; main()",
+            "--host-root",
+            str(node.root),
+            "--config",
+            str(config_file),
+            "run",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    output = []
+    for line in process.stdout:
+        output.append(json.loads(line))
+        if output[-1]["event"] == "serving":
+            break
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=20)
+    output += [json.loads(line) for line in rest.splitlines()]
+
+    assert process.returncode == 0
+    events = [r["event"] for r in output]
+    assert "terminating.left_loaded" in events
+    assert events[-1] == "exit"
+    assert node.loaded() == [DEP, TOP]
