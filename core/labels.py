@@ -147,3 +147,36 @@ def kmodkit_module_key(after: str) -> ModuleKey:
     if len(after) > MAX_KEY_NAME_LENGTH - 42:
         raise LabelKeyError(f"suffix {after!r} leaves no room for <namespace>.<name>")
     return ModuleKey(KMODKIT_PREFIX, after=after)
+
+
+# Rollout (core/rollout): per-node progress of one rollout policy, kept on the Node.
+# Every key is ``rollout.kmodkit.io/<scope><suffix>``; core.rollout.keys derives
+# ``<scope>`` from the policy's id so several policies can roll different things
+# on the same node, and hashes it when the id does not fit a key.
+ROLLOUT_PREFIX = f"rollout.{KMODKIT_PREFIX}"
+ROLLOUT_STATE_SUFFIX = ""
+"""Label. Value: the node's rollout state (``required``, ``cordoning``, ..., ``done``)."""
+ROLLOUT_SINCE_SUFFIX = ".since"
+"""Annotation. Unix seconds when the node entered its current state; drives every timeout."""
+ROLLOUT_CORDON_SUFFIX = ".cordon"
+"""Annotation. ``rollout`` if the rollout cordoned the node, ``external`` if it already was."""
+ROLLOUT_ATTEMPT_SUFFIX = ".attempt"
+"""Annotation. How many times the rollout has started on this node for the current target."""
+ROLLOUT_TARGET_SUFFIX = ".target"
+"""Annotation. What the rollout was delivering when it started on this node."""
+ROLLOUT_GATES_SUFFIX = ".gates"
+"""Annotation. JSON of the deploy-gate labels' values before the rollout changed them."""
+ROLLOUT_REASON_SUFFIX = ".reason"
+"""Annotation. Machine-readable reason of the last transition (``EvictionBlocked``, ...)."""
+ROLLOUT_MESSAGE_SUFFIX = ".message"
+"""Annotation. Human-readable detail of the last transition."""
+ROLLOUT_SUFFIXES = (
+    ROLLOUT_STATE_SUFFIX,
+    ROLLOUT_SINCE_SUFFIX,
+    ROLLOUT_CORDON_SUFFIX,
+    ROLLOUT_ATTEMPT_SUFFIX,
+    ROLLOUT_TARGET_SUFFIX,
+    ROLLOUT_GATES_SUFFIX,
+    ROLLOUT_REASON_SUFFIX,
+    ROLLOUT_MESSAGE_SUFFIX,
+)
