@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
 
@@ -11,21 +14,147 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--namespace", "-n", envvar="KMODKIT_NAMESPACE", default="kmodkit-system",
-              show_default=True, help="Namespace the operator runs in and owns objects in.")
-@click.option("--health-port", envvar="KMODKIT_HEALTH_PORT", default=8080, show_default=True,
-              type=int, help="Port of the liveness/readiness endpoint (/healthz).")
-@click.option("--health-host", envvar="KMODKIT_HEALTH_HOST", default="0.0.0.0", show_default=True,
-              help="Address the health endpoint listens on.")
-@click.option("--backends", envvar="KMODKIT_BACKENDS", default="",
-              help="Comma-separated backends to enable; empty enables every installed one.")
+@click.option(
+    "--namespace",
+    "-n",
+    envvar="KMODKIT_NAMESPACE",
+    default="kmodkit-system",
+    show_default=True,
+    help="Namespace the operator runs in and owns objects in.",
+)
+@click.option(
+    "--health-port",
+    envvar="KMODKIT_HEALTH_PORT",
+    default=8080,
+    show_default=True,
+    type=int,
+    help="Port of the liveness/readiness endpoint (/healthz).",
+)
+@click.option(
+    "--health-host",
+    envvar="KMODKIT_HEALTH_HOST",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address the health endpoint listens on.",
+)
+@click.option(
+    "--backends",
+    envvar="KMODKIT_BACKENDS",
+    default="",
+    help="Comma-separated backends to enable; empty enables every installed one.",
+)
 def run(namespace: str, health_port: int, health_host: str, backends: str) -> None:
     """Run the operator against the cluster of the current kubeconfig."""
     from core.runtime.operator import run_operator
 
     enabled = {b.strip() for b in backends.split(",") if b.strip()} or None
-    raise SystemExit(run_operator(namespace=namespace, health_host=health_host,
-                                  health_port=health_port, enabled=enabled))
+    raise SystemExit(
+        run_operator(
+            namespace=namespace, health_host=health_host, health_port=health_port, enabled=enabled
+        )
+    )
+
+
+@main.command()
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to write one file per manifest into; without it, print them all.",
+)
+def crds(out: Path | None) -> None:
+    """Generate the CRDs (and their admission policy) from the API models."""
+    from core import crdgen
+
+    if out is None:
+        click.echo(
+            crdgen.to_yaml(d for docs in crdgen.generated_documents().values() for d in docs)
+        )
+        return
+    for path in crdgen.write_files(out):
+        click.echo(f"wrote {path}", err=True)
+
+
+_FILE = click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=str)
+_NAMESPACE = click.option(
+    "--namespace",
+    "-n",
+    default="default",
+    show_default=True,
+    help="Namespace assumed for objects that do not name one.",
+)
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "files",
+    type=_FILE,
+    multiple=True,
+    required=True,
+    help="YAML file with one or more objects ('-' for stdin); may be repeated.",
+)
+@_NAMESPACE
+def validate(files: tuple[str, ...], namespace: str) -> None:
+    """Check Modules offline, with the admission rules and those only kmodkit checks.
+
+    Prints one line per problem and exits 2 if there is any; exits 0 when every
+    object is valid.
+    """
+    from core.cli_support import build_registry, load_objects, object_label
+
+    registry = build_registry()
+    failed = False
+    for filename in files:
+        for index, obj in load_objects(filename, namespace):
+            problems = registry.validate(obj)
+            label = object_label(obj, index)
+            for problem in problems:
+                where = f"{problem.path}: " if problem.path else ""
+                click.echo(f"{filename}: {label}: {where}{problem.message}")
+            if problems:
+                failed = True
+            else:
+                click.echo(f"{filename}: {label}: valid", err=True)
+    raise SystemExit(2 if failed else 0)
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "file",
+    type=_FILE,
+    required=True,
+    help="YAML file holding the Module ('-' for stdin).",
+)
+@click.option(
+    "--kernel",
+    "kernels",
+    multiple=True,
+    required=True,
+    help="A kernel as nodes report it (status.nodeInfo.kernelVersion); repeatable.",
+)
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@_NAMESPACE
+def preflight(file: str, kernels: tuple[str, ...], output: str, namespace: str) -> None:
+    """Show which mapping, image and build a Module gives each kernel.
+
+    Exits 0 when every kernel matched a mapping and resolved cleanly, 1 when
+    some did not, and 2 when the Module itself is invalid.
+    """
+    from core.cli_support import load_module, print_preflight_table
+    from core.preflight import preflight as run_preflight
+
+    module = load_module(file, namespace)
+    results = run_preflight(module, kernels)
+    if output == "json":
+        click.echo(json.dumps([result.to_json() for result in results], indent=2))
+    else:
+        print_preflight_table(module, results)
+    raise SystemExit(0 if all(result.ok for result in results) else 1)
 
 
 def _add_dev_group() -> None:

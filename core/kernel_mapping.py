@@ -34,12 +34,17 @@ def mapping_path(index: int) -> str:
 
 
 class ResolveError(ValueError):
-    """A Module that cannot be resolved for a kernel, with the field at fault."""
+    """A Module that cannot be resolved for a kernel, with the field at fault.
 
-    def __init__(self, path: str, message: str) -> None:
+    ``mapping_index`` is the mapping that matched the kernel, when the error
+    arose after matching (in templating or merging).
+    """
+
+    def __init__(self, path: str, message: str, mapping_index: int | None = None) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
+        self.mapping_index = mapping_index
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,16 @@ def resolve(module: Module, kernel: str) -> ResolvedMapping | NoMatch:
     index = find_mapping(container.kernel_mappings, kernel)
     if index is None:
         return NoMatch(kernel)
+    try:
+        return _resolve_mapping(module, index, kernel, name, namespace)
+    except ResolveError as err:
+        raise ResolveError(err.path, err.message, mapping_index=index) from None
+
+
+def _resolve_mapping(
+    module: Module, index: int, kernel: str, name: str, namespace: str
+) -> ResolvedMapping:
+    container = module.spec.module_loader.container
     mapping = container.kernel_mappings[index]
 
     image_values = template_values(kernel, name=name, namespace=namespace, for_tag=True)

@@ -24,18 +24,23 @@ ObjectName = Annotated[str, Field(max_length=253)]
 ShortName = Annotated[str, Field(max_length=256)]
 # Image references, including template variables before they are substituted.
 ImageRef = Annotated[str, Field(max_length=512)]
+# Node selectors: label values are at most 63 characters.
+LabelSelector = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
 # Free text a user writes: regexps, modprobe arguments, build-arg values, paths.
 Text = Annotated[str, Field(max_length=4096)]
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def cel(
+    rule: str, message: str, *, subject: str | None = None, field_path: str | None = None
+) -> dict[str, str]:
     """One ``x-kubernetes-validations`` entry.
 
-    ``field_path`` points the apiserver's error at the offending child field,
-    so ``kubectl apply`` reports ``...kernelMappings[2].regexp`` rather than the
-    enclosing object.
+    The message starts with ``subject``, the field it is about, if given, so
+    it reads well wherever it is shown. ``field_path`` points the apiserver's error at
+    the offending child field, so ``kubectl apply`` reports
+    ``...kernelMappings[2].literal`` rather than the enclosing object.
     """
-    entry = {"rule": rule, "message": message}
+    entry = {"rule": rule, "message": f"{subject}: {message}" if subject else message}
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry

@@ -18,23 +18,21 @@ QUALIFIED_NAME_RE = (
 LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 
 TOLERATION_KEY_MSG = (
-    "key: must be a qualified name (an optional DNS prefix and '/', then at most 63 "
+    "must be a qualified name (an optional DNS prefix and '/', then at most 63 "
     "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
 )
 TOLERATION_EMPTY_KEY_MSG = (
-    "operator: must be Exists when key is empty (an empty key with Exists tolerates every "
+    "must be Exists when key is empty (an empty key with Exists tolerates every "
     "taint); set a key or use operator Exists"
 )
 TOLERATION_EXISTS_VALUE_MSG = (
-    "value: must be empty when operator is Exists; remove the value or use operator Equal"
+    "must be empty when operator is Exists; remove the value or use operator Equal"
 )
 TOLERATION_EQUAL_VALUE_MSG = (
-    "value: must be a valid label value (at most 63 letters, digits, '-', '_' or '.', "
+    "must be a valid label value (at most 63 letters, digits, '-', '_' or '.', "
     "starting and ending with a letter or digit)"
 )
-TOLERATION_SECONDS_MSG = (
-    "tolerationSeconds: only applies to effect NoExecute; set effect NoExecute or remove it"
-)
+TOLERATION_SECONDS_MSG = "only applies to effect NoExecute; set effect NoExecute or remove it"
 
 
 class LocalObjectReference(KubeModel):
@@ -63,30 +61,35 @@ class Toleration(KubeModel):
             cel(
                 f"!has(self.key) || self.key == '' || self.key.matches('{QUALIFIED_NAME_RE}')",
                 TOLERATION_KEY_MSG,
-                ".key",
+                subject="key",
+                field_path=".key",
             ),
             cel(
                 "(has(self.key) && self.key != '') "
                 "|| (has(self.operator) && self.operator == 'Exists')",
                 TOLERATION_EMPTY_KEY_MSG,
-                ".operator",
+                subject="operator",
+                field_path=".operator",
             ),
             cel(
                 "!has(self.operator) || self.operator != 'Exists' "
                 "|| !has(self.value) || self.value == ''",
                 TOLERATION_EXISTS_VALUE_MSG,
-                ".value",
+                subject="value",
+                field_path=".value",
             ),
             cel(
                 "(has(self.operator) && self.operator == 'Exists') || !has(self.value) "
                 f"|| self.value.matches('{LABEL_VALUE_RE}')",
                 TOLERATION_EQUAL_VALUE_MSG,
-                ".value",
+                subject="value",
+                field_path=".value",
             ),
             cel(
                 "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
                 TOLERATION_SECONDS_MSG,
-                ".tolerationSeconds",
+                subject="tolerationSeconds",
+                field_path=".tolerationSeconds",
             ),
         )
     )

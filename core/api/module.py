@@ -17,7 +17,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from core.api.base import ImageRef, KubeModel, ShortName, Text, cel, cel_rules
+from core.api.base import ImageRef, KubeModel, LabelSelector, ShortName, Text, cel, cel_rules
 from core.api.common import LocalObjectReference, ObjectMeta, RegistryTLS, Toleration
 from core.api.status import ModuleStatus
 
@@ -41,49 +41,54 @@ IMAGE_TAG_OR_DIGEST_CEL = (
     "|| self.matches('@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$')"
 )
 IMAGE_TAG_MSG = (
-    "containerImage: needs an explicit tag or digest, e.g. "
+    "needs an explicit tag or digest, e.g. "
     "registry.example.com/org/driver:${KERNEL_FULL_VERSION}; without one every kernel "
     "would share the image's :latest"
 )
 MAPPING_BOTH_MSG = (
-    "literal: cannot be combined with regexp in one kernel mapping; keep literal to match "
-    "one exact kernel, or regexp to match a family of kernels"
+    "cannot be combined with regexp in one kernel mapping; keep literal to match one exact "
+    "kernel, or regexp to match a family of kernels"
 )
 MAPPING_NEITHER_MSG = (
-    "regexp or literal: each kernel mapping needs one of them; use literal for one exact "
-    "kernel or regexp (RE2 syntax, matched anywhere in the kernel string) for a family"
+    "a kernel mapping needs regexp or literal; use literal for one exact kernel or regexp "
+    "(RE2 syntax, matched anywhere in the kernel string) for a family"
 )
 MAPPING_IMAGE_MSG = (
-    "kernelMappings[].containerImage: is empty in a mapping while "
-    "spec.moduleLoader.container.containerImage is not set either; set the mapping's image "
-    "or a default image on the container"
+    "is empty while spec.moduleLoader.container.containerImage is not set either; set the "
+    "mapping's image or a default image on the container"
 )
 RAW_ARGS_WITH_NAME_MSG = (
-    "rawArgs: cannot be used together with moduleName; use args to add options to modprobe, "
-    "or drop moduleName to run rawArgs.load and rawArgs.unload verbatim"
+    "cannot be used together with moduleName; use args to add options to modprobe, or drop "
+    "moduleName to run rawArgs.load and rawArgs.unload verbatim"
 )
-MODULE_NAME_MSG = (
-    "moduleName: is required unless rawArgs gives both the load and the unload command"
-)
+MODULE_NAME_MSG = "is required unless rawArgs gives both the load and the unload command"
 ORDER_SIZE_MSG = (
-    "modulesLoadingOrder: needs at least 2 entries (moduleName first, then the modules to "
-    "load before it); remove the field to load moduleName alone"
+    "needs at least 2 entries (moduleName first, then the modules to load before it); "
+    "remove the field to load moduleName alone"
 )
-ORDER_FIRST_MSG = "modulesLoadingOrder: the first entry must equal moduleName"
-ORDER_DUPLICATE_MSG = "modulesLoadingOrder: lists a module more than once; remove the duplicates"
+ORDER_FIRST_MSG = "must start with moduleName"
+ORDER_DUPLICATE_MSG = "lists a module more than once; remove the duplicates"
 VERSION_SWITCH_MSG = (
-    "version: cannot change between empty and set on an existing Module (changing one "
-    "version to another is fine); delete the Module and create it again"
+    "cannot change between empty and set on an existing Module (changing one version to "
+    "another is fine); delete the Module and create it again"
 )
 MAX_UNAVAILABLE_MSG = (
-    "maxUnavailable: must be a whole number of nodes of at least 1, or a percentage from 1% to 100%"
+    "must be a whole number of nodes of at least 1, or a percentage from 1% to 100%"
 )
 MAX_UNAVAILABLE_PERCENT_RE = r"^([1-9][0-9]?|100)%$"
+# Module names become parts of label keys and pod names, which need DNS-1123
+# names; the apiserver only asks a custom resource's name to be a path segment.
+NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAME_FORMAT_MSG = (
+    "must be lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+    "digit, because it becomes part of node-label keys and pod names"
+)
 NAME_LENGTH_MSG = (
-    f"metadata.name: with metadata.namespace must total at most {MAX_NAME_AND_NAMESPACE} "
-    "characters, because node-label keys are built from both; choose a shorter name"
+    f"together with metadata.namespace must be at most {MAX_NAME_AND_NAMESPACE} characters, "
+    "because node-label keys are built from both; choose a shorter name"
 )
 
+_IMAGE_RULE = cel(IMAGE_TAG_OR_DIGEST_CEL, IMAGE_TAG_MSG, subject="containerImage")
 _ORDER_SET = "has(self.modulesLoadingOrder)"
 _NAME_SET = "(has(self.moduleName) && self.moduleName != '')"
 
@@ -102,24 +107,37 @@ class ModprobeSpec(KubeModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
-            cel(f"!{_NAME_SET} || !has(self.rawArgs)", RAW_ARGS_WITH_NAME_MSG, ".rawArgs"),
-            cel(f"{_NAME_SET} || has(self.rawArgs)", MODULE_NAME_MSG, ".moduleName"),
+            cel(
+                f"!{_NAME_SET} || !has(self.rawArgs)",
+                RAW_ARGS_WITH_NAME_MSG,
+                subject="rawArgs",
+                field_path=".rawArgs",
+            ),
+            cel(
+                f"{_NAME_SET} || has(self.rawArgs)",
+                MODULE_NAME_MSG,
+                subject="moduleName",
+                field_path=".moduleName",
+            ),
             cel(
                 f"!{_ORDER_SET} || size(self.modulesLoadingOrder) >= 2",
                 ORDER_SIZE_MSG,
-                ".modulesLoadingOrder",
+                subject="modulesLoadingOrder",
+                field_path=".modulesLoadingOrder",
             ),
             cel(
                 f"!{_ORDER_SET} || size(self.modulesLoadingOrder) == 0 "
                 f"|| ({_NAME_SET} && self.modulesLoadingOrder[0] == self.moduleName)",
                 ORDER_FIRST_MSG,
-                ".modulesLoadingOrder",
+                subject="modulesLoadingOrder",
+                field_path=".modulesLoadingOrder",
             ),
             cel(
                 f"!{_ORDER_SET} || self.modulesLoadingOrder.all(m, "
                 "self.modulesLoadingOrder.exists_one(o, o == m))",
                 ORDER_DUPLICATE_MSG,
-                ".modulesLoadingOrder",
+                subject="modulesLoadingOrder",
+                field_path=".modulesLoadingOrder",
             ),
         )
     )
@@ -158,7 +176,7 @@ class Build(KubeModel):
     """Secrets made available to the build."""
     base_image_registry_tls: RegistryTLS | None = Field(default=None, alias="baseImageRegistryTLS")
     """TLS settings for pulling the Dockerfile's base images."""
-    selector: dict[str, str] | None = None
+    selector: LabelSelector | None = None
     """Node selector for the build pod."""
 
 
@@ -171,7 +189,8 @@ class KernelMapping(KubeModel):
                 "!(has(self.literal) && self.literal != '' "
                 "&& has(self.regexp) && self.regexp != '')",
                 MAPPING_BOTH_MSG,
-                ".literal",
+                subject="literal",
+                field_path=".literal",
             ),
             cel(
                 "(has(self.literal) && self.literal != '') "
@@ -185,9 +204,7 @@ class KernelMapping(KubeModel):
     """A kernel version matched exactly."""
     regexp: Text | None = None
     """An RE2 regular expression searched for in the kernel version (use ^ and $ to anchor)."""
-    container_image: Annotated[
-        ImageRef, Field(json_schema_extra=cel_rules(cel(IMAGE_TAG_OR_DIGEST_CEL, IMAGE_TAG_MSG)))
-    ]
+    container_image: Annotated[ImageRef, Field(json_schema_extra=cel_rules(_IMAGE_RULE))]
     """Image for these kernels; empty to use the container's containerImage."""
     build: Build | None = None
     """Build settings merged over the container's."""
@@ -206,13 +223,15 @@ class ModuleLoaderContainer(KubeModel):
                 "(has(self.containerImage) && self.containerImage != '') "
                 "|| self.kernelMappings.all(m, m.containerImage != '')",
                 MAPPING_IMAGE_MSG,
-                ".kernelMappings",
+                subject="kernelMappings[].containerImage",
+                field_path=".kernelMappings",
             ),
             cel(
                 "(has(self.version) && self.version != '') "
                 "== (has(oldSelf.version) && oldSelf.version != '')",
                 VERSION_SWITCH_MSG,
-                ".version",
+                subject="version",
+                field_path=".version",
             ),
         )
     )
@@ -220,7 +239,7 @@ class ModuleLoaderContainer(KubeModel):
     modprobe: ModprobeSpec
     container_image: Annotated[
         ImageRef | None,
-        Field(json_schema_extra=cel_rules(cel(IMAGE_TAG_OR_DIGEST_CEL, IMAGE_TAG_MSG))),
+        Field(json_schema_extra=cel_rules(_IMAGE_RULE)),
     ] = None
     """Default image for kernel mappings that do not name one."""
     kernel_mappings: list[KernelMapping] = Field(min_length=1, max_length=128)
@@ -255,6 +274,7 @@ class RolloutPolicy(KubeModel):
                 cel(
                     f"type(self) == int ? self >= 1 : self.matches('{MAX_UNAVAILABLE_PERCENT_RE}')",
                     MAX_UNAVAILABLE_MSG,
+                    subject="maxUnavailable",
                 )
             )
         ),
@@ -269,7 +289,7 @@ class RolloutPolicy(KubeModel):
 class ModuleSpec(KubeModel):
     """What to load, where, and how to roll it out."""
 
-    selector: dict[str, str]
+    selector: LabelSelector
     """Node labels a node must carry to get the module; {} selects every node."""
     tolerations: list[Toleration] | None = Field(default=None, max_length=64)
     """Taints the module's pods tolerate."""
