@@ -224,11 +224,6 @@ MODULE_CRD = CrdSource(
     # checks the sum.
     root_rules=(
         cel(
-            f"!has(self.metadata.name) || self.metadata.name.matches('{module_api.NAME_RE}')",
-            module_api.NAME_FORMAT_MSG,
-            subject="metadata.name",
-        ),
-        cel(
             "!has(self.metadata.name) "
             f"|| size(self.metadata.name) < {module_api.MAX_NAME_AND_NAMESPACE}",
             module_api.NAME_LENGTH_MSG,

@@ -76,8 +76,9 @@ MAX_UNAVAILABLE_MSG = (
     "must be a whole number of nodes of at least 1, or a percentage from 1% to 100%"
 )
 MAX_UNAVAILABLE_PERCENT_RE = r"^([1-9][0-9]?|100)%$"
-# Module names become parts of label keys and pod names, which need DNS-1123
-# names; the apiserver only asks a custom resource's name to be a path segment.
+# Module names become parts of label keys and pod names, so they must be
+# DNS-1123 subdomains; the apiserver checks this at admission, the offline
+# validator repeats it.
 NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 NAME_FORMAT_MSG = (
     "must be lowercase letters, digits, '-' and '.', starting and ending with a letter or "
