@@ -25,6 +25,9 @@ _REPEAT = re.compile(r"\{(\d+)(,(\d*))?\}")
 _FLAGS = re.compile(r"\(\?([imsU]*)(?:-([imsU]*))?([:)])")
 _NAMED_GROUP = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
 _MAX_REPEAT = 1000
+# RE2 allows deeper nesting, but the regex package parses groups recursively;
+# no kernel regexp comes near this.
+_MAX_NESTING = 100
 
 _UNSUPPORTED_GROUPS = (
     ("(?=", "lookahead (?=...)"),
@@ -57,7 +60,7 @@ def compile_re2(pattern: str) -> Any:
     translated = _translate(pattern)
     try:
         return regex.compile(translated, flags=regex.VERSION0)
-    except regex.error as err:
+    except (regex.error, OverflowError, ValueError) as err:
         raise RegexpError(f"is not a valid regular expression: {err}") from None
 
 
@@ -80,6 +83,8 @@ def _translate(pattern: str) -> str:
     # What the previous token was: an atom, a quantifier, or a quantifier
     # made lazy by '?'. RE2 allows one quantifier per atom, optionally lazy.
     state = "atom"
+    depth = 0
+    group_names: set[str] = set()
     while i < len(pattern):
         char = pattern[i]
         repeat = _REPEAT.match(pattern, i) if char == "{" else None
@@ -105,7 +110,17 @@ def _translate(pattern: str) -> str:
             text, i = _char_class(pattern, i)
         elif char == "(":
             text, i = _group_open(pattern, i)
+            depth += 1
+            if depth > _MAX_NESTING:
+                raise RegexpError(f"nests groups more than {_MAX_NESTING} deep; simplify it")
+            if text.startswith("(?P<"):
+                name = text[4:-1]
+                if name in group_names:
+                    raise RegexpError(f"names two groups {name!r}; RE2 needs unique group names")
+                group_names.add(name)
         else:
+            if char == ")":
+                depth -= 1
             text, i = char, i + 1
         out.append(text)
     return "".join(out)

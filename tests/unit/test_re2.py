@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.re2 import RegexpError, check_re2, re2_search
 
@@ -61,6 +63,9 @@ def test_search(pattern: str, kernel: str, matches: bool) -> None:
         (r"[6", "never closed"),
         ("6\\", "lone backslash"),
         (r"(6", "not a valid regular expression"),
+        (r"(?P<n>6)(?<n>8)", "unique group names"),
+        ("(" * 101 + ")" * 101, "more than 100 deep"),
+        (r"\x{110000}", "not a valid regular expression"),
     ],
 )
 def test_non_re2_constructs_are_refused(pattern: str, complaint: str) -> None:
@@ -73,3 +78,54 @@ def test_non_re2_constructs_are_refused(pattern: str, complaint: str) -> None:
 def test_catastrophic_backtracking_times_out_with_advice() -> None:
     with pytest.raises(RegexpError, match="took longer than"):
         re2_search(r"^(a|aa)+$", "a" * 40 + "!")
+
+
+_regexp_text = st.lists(
+    st.sampled_from(
+        [
+            "(",
+            ")",
+            "(?",
+            "[",
+            "]",
+            "\\",
+            "*",
+            "+",
+            "?",
+            "{",
+            "}",
+            "1",
+            ",",
+            ":",
+            "<",
+            ">",
+            "=",
+            "!",
+            "P",
+            "i",
+            "U",
+            "x",
+            "z",
+            "Q",
+            "E",
+            "^",
+            "$",
+            ".",
+            "|",
+            "a",
+            "-",
+            "[:",
+            ":]",
+        ]
+    ),
+    max_size=16,
+).map("".join)
+
+
+@settings(max_examples=500)
+@given(_regexp_text, st.text(max_size=20))
+def test_any_pattern_matches_or_raises_regexp_error(pattern: str, text: str) -> None:
+    try:
+        re2_search(pattern, text)
+    except RegexpError as err:
+        assert str(err)
