@@ -35,8 +35,6 @@ _KMM_ONLY_FIELDS = {
     "it or keep this Module on KMM",
     "dra": "is KMM's DRA driver support, which kmodkit leaves to backends; remove it or keep "
     "this Module on KMM",
-    "imageRebuildTriggerGeneration": "is KMM's forced-rebuild trigger, which kmodkit does not "
-    "support; remove it",
     "inTreeModuleToRemove": "is KMM's deprecated single-module form; write "
     "inTreeModulesToRemove: [<module>] instead",
     "kanikoParams": "is KMM's kaniko setting, which kmodkit's builds do not use; remove it",
