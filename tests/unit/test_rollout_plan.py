@@ -465,7 +465,10 @@ def test_clearing_the_state_of_a_node_fixed_by_hand_undoes_the_rollouts_changes(
         unschedulable=True,
         record=record(cordon="rollout", gates={GATE: "true"}),
     )
-    assert only_step([view]).after is State.UNCORDONING
+    step = only_step([view])
+    assert step.after is State.DONE
+    assert step.patch is not None and step.patch.unschedulable is False
+    assert labels_of(step)[GATE] == "true"
 
 
 def test_a_node_no_longer_needing_the_change_before_the_swap_backs_out() -> None:
@@ -485,3 +488,12 @@ def test_an_unknown_state_value_counts_as_cleared() -> None:
     from core.rollout.states import parse_state
 
     assert parse_state("upgrading") is None
+
+
+def test_a_node_whose_step_the_policy_dropped_mid_rollout_moves_on() -> None:
+    view = node(state=State.GATING, unschedulable=True, record=record(cordon="rollout"))
+    assert only_step([view]).after is State.EVICTING
+    waiting = node(state=State.WAITING_FOR_JOBS, record=record(), pods=None)
+    assert only_step([waiting]).after is State.EVICTING
+    draining = node(state=State.DRAINING, record=record(), pods=None)
+    assert only_step([draining]).after is State.SWAPPING

@@ -1,0 +1,250 @@
+"""One rollout pass against the cluster: observe, plan, apply.
+
+``reconcile`` is what a backend's kopf timer (or any loop) calls per policy. It
+keeps nothing between calls: everything it needs is on the nodes, so the process
+may be killed at any instant and the next call carries on. Once every node has
+converged a pass reads but writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from core.rollout import apply, events
+from core.rollout.hooks import Obj, RolloutHooks, Validation
+from core.rollout.keys import RolloutKeys
+from core.rollout.observed import NodeView, node_view_from, pod_view_from
+from core.rollout.plan import Context, Plan, Step, plan
+from core.rollout.policy import UpgradePolicy
+from core.rollout.states import IN_FLIGHT, State
+from core.rollout.status import RolloutStatus, summarize
+
+log = logging.getLogger("kmodkit.rollout")
+
+
+@dataclass
+class _Pass:
+    """Counters of one pass, for the status."""
+
+    applied: list[Step] = field(default_factory=list)
+    evictions: int = 0
+    writes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def error(self, what: str, err: Exception) -> None:
+        text = f"{what}: {err.reason if isinstance(err, ApiException) else err}"
+        log.warning(text)
+        self.errors.append(text)
+
+
+def _pod_selector(state: State | None, policy: UpgradePolicy) -> str | None:
+    """Which pods a node in ``state`` needs listed (None: none)."""
+    if state is State.WAITING_FOR_JOBS and policy.wait_for_completion is not None:
+        return policy.wait_for_completion.pod_selector
+    if state is State.EVICTING:
+        return ""
+    if state is State.DRAINING:
+        return policy.drain.pod_selector
+    return None
+
+
+def _observe(
+    core: client.CoreV1Api,
+    node: Obj,
+    keys: RolloutKeys,
+    policy: UpgradePolicy,
+    hooks: RolloutHooks,
+    skip_label: str | None,
+    run: _Pass,
+) -> NodeView:
+    name = str((node.get("metadata") or {}).get("name", ""))
+    gate_keys = tuple(policy.deploy_gates)
+    try:
+        needs_update = hooks.needs_update(node)
+    except Exception as err:
+        run.error(f"needs_update({name})", err)
+        # Frozen for this pass but still counted against the budgets.
+        view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=False)
+        return NodeView(**{**view.__dict__, "skipped": True})
+    view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=needs_update)
+    if view.skipped:
+        return view
+    pods = None
+    selector = _pod_selector(view.state, policy)
+    if selector is not None:
+        try:
+            raw = apply.list_pods_on_node(core, name, selector)
+            device = view.state is State.EVICTING
+            pods = tuple(
+                pod_view_from(p, device_consumer=device and hooks.is_device_consumer(p))
+                for p in raw
+            )
+        except Exception as err:
+            run.error(f"listing pods on {name}", err)
+    validation: Validation | None = None
+    if view.state is State.VALIDATING:
+        try:
+            validation = hooks.validate(node)
+        except Exception as err:
+            run.error(f"validate({name})", err)
+    return node_view_from(
+        node,
+        keys,
+        gate_keys,
+        skip_label=skip_label,
+        needs_update=needs_update,
+        pods=pods,
+        validation=validation,
+    )
+
+
+def _fresh_in_flight(core: client.CoreV1Api, keys: RolloutKeys) -> set[str]:
+    states = ",".join(sorted(s.value for s in IN_FLIGHT))
+    nodes = core.list_node(label_selector=f"{keys.state} in ({states})")
+    return {str(n.metadata.name) for n in nodes.items if n.metadata is not None}
+
+
+def _describe(step: Step, policy_id: str) -> tuple[str, str]:
+    before = step.before.value if step.before is not None else "idle"
+    after = step.after.value if step.after is not None else "idle"
+    reason = step.reason or f"Rollout{after.title().replace('-', '')}"
+    message = f"rollout {policy_id}: {before} -> {after}"
+    if step.message:
+        message += f": {step.message}"
+    return reason, message
+
+
+def _apply_step(
+    core: client.CoreV1Api,
+    step: Step,
+    node: Obj,
+    view: NodeView,
+    hooks: RolloutHooks,
+    policy_id: str,
+    involved: Mapping[str, str] | None,
+    run: _Pass,
+) -> None:
+    for pod in step.evict:
+        try:
+            evicted = apply.evict(core, pod)
+            run.writes += 1
+            run.evictions += 1
+            if evicted is apply.EvictionOutcome.BLOCKED:
+                log.info("eviction of %s on %s refused by a disruption budget", pod.ref, step.node)
+        except Exception as err:
+            run.error(f"evicting {pod.ref} from {step.node}", err)
+    if step.patch is None:
+        return
+    if step.swap:
+        try:
+            hooks.swap(node)
+        except Exception as err:
+            run.error(f"swap({step.node})", err)
+            return
+    body = apply.patch_body(step.patch, view.resource_version if step.guarded else None)
+    try:
+        outcome = apply.patch_node(core, step.node, body)
+    except Exception as err:
+        run.error(f"patching node {step.node}", err)
+        return
+    run.writes += 1
+    if outcome is apply.PatchOutcome.STALE:
+        return
+    run.applied.append(step)
+    reason, message = _describe(step, policy_id)
+    warning = step.after is State.FAILED
+    log.info("%s: %s", step.node, message)
+    targets = [events.node_reference(node)] + ([dict(involved)] if involved else [])
+    for ref in targets:
+        try:
+            events.emit(
+                core,
+                ref,
+                reason,
+                message,
+                warning=warning,
+            )
+            run.writes += 1
+        except Exception as err:
+            run.error(f"recording an event for {step.node}", err)
+
+
+def reconcile(
+    api: Any,
+    policy_id: str,
+    policy: UpgradePolicy,
+    target_nodes: Sequence[Obj],
+    hooks: RolloutHooks,
+    *,
+    target: str,
+    paused: bool = False,
+    skip_label: str | None = None,
+    involved: Mapping[str, str] | None = None,
+    now: float | None = None,
+) -> RolloutStatus:
+    """Advance the rollout ``policy_id`` by one pass and report where it stands.
+
+    ``api`` is a kubernetes ``ApiClient``. ``target_nodes`` are the nodes the
+    policy covers, as raw JSON, at least as fresh as the previous pass's writes.
+    ``target`` names what is being delivered (a version, a spec hash); a failed
+    node is retried when it changes. ``skip_label`` is the backend's opt-out node
+    label (nodes with it set to ``"true"`` are left alone). ``involved`` is an
+    object reference (apiVersion, kind, name, namespace, uid) of the policy
+    object that also receives an Event for every transition.
+    """
+    core = client.CoreV1Api(api)
+    keys = RolloutKeys.for_policy(policy_id)
+    run = _Pass()
+    views = [_observe(core, n, keys, policy, hooks, skip_label, run) for n in target_nodes]
+    by_name = {str((n.get("metadata") or {}).get("name", "")): n for n in target_nodes}
+    ctx = Context(policy, keys, target, time.time() if now is None else now, paused)
+    the_plan: Plan = plan(views, ctx)
+    view_of = {v.name: v for v in views}
+    starts = [
+        s for s in the_plan.steps if s.before is State.REQUIRED and s.after is State.CORDONING
+    ]
+    for step in the_plan.steps:
+        if step not in starts:
+            _apply_step(
+                core, step, by_name[step.node], view_of[step.node], hooks, policy_id, involved, run
+            )
+    if starts:
+        # A start is decided from the in-flight count; if the nodes handed in
+        # are older than the cluster (a lagging cache), skip starting this pass
+        # rather than risk overrunning the budget.
+        try:
+            fresh = _fresh_in_flight(core, keys)
+        except Exception as err:
+            run.error("checking nodes in flight", err)
+            fresh = None
+        fresh = None if fresh is None else fresh & set(by_name)
+        seen = {v.name for v in views if v.state in IN_FLIGHT}
+        applied_now = {s.node for s in run.applied if s.after in IN_FLIGHT}
+        applied_done = {s.node for s in run.applied if s.after not in IN_FLIGHT}
+        if fresh is not None and fresh == (seen | applied_now) - applied_done:
+            for step in starts:
+                _apply_step(
+                    core,
+                    step,
+                    by_name[step.node],
+                    view_of[step.node],
+                    hooks,
+                    policy_id,
+                    involved,
+                    run,
+                )
+    return summarize(
+        views,
+        the_plan,
+        run.applied,
+        evictions=run.evictions,
+        writes=run.writes,
+        errors=run.errors,
+    )
