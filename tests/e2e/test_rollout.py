@@ -6,10 +6,12 @@ can be killed at any moment.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,3 +348,94 @@ def test_rollout_keeps_the_budget_and_finishes_every_node(
     ).items
     reasons = {e.reason for e in events}
     assert {"RolloutCordoning", "RolloutEvicting", "RolloutSwapping", "RolloutDone"} <= reasons
+
+
+def test_killing_the_driver_at_random_moments_changes_nothing_but_time(
+    kube_api: Any, kubeconfig: str, namespace: str, fleet_factory: Any, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(20)
+    bare_node = deploy_workloads(kube_api, namespace, fleet)
+    external = fleet.names[5]
+    fleet.core.patch_node(external, {"spec": {"unschedulable": True}})
+    watcher = CordonWatcher(fleet.core, fleet)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    driver = Driver(kubeconfig, fleet, ROLLING, tmp_path / "status.json")
+    kills, killed_mid_flight = 0, 0
+    try:
+        while kills < 10:
+            driver.start()
+            time.sleep(rng.uniform(0.8, 3.0))
+            driver.kill()
+            kills += 1
+            killed_mid_flight += any(s in IN_FLIGHT for s in fleet.states().values())
+        driver.start()
+        wait_until(lambda: _converged(fleet), "every node to be done", timeout=150)
+        wait_until(
+            lambda: driver.status().get("complete") and driver.status()["writes"] == 0,
+            "an idle pass",
+        )
+    finally:
+        watcher.stop()
+        if driver.proc is not None and driver.proc.poll() is None:
+            driver.kill()
+    print(f"chaos seed {seed}: {kills} kills, {killed_mid_flight} with nodes in flight")
+    assert killed_mid_flight >= 5, f"the kills mostly missed the rollout (seed {seed})"
+    assert_rolled_out(kube_api, namespace, fleet, external, bare_node, watcher)
+
+
+def test_a_blocked_eviction_fails_the_node_halts_the_rollout_and_resumes_after_a_fix(
+    kube_api: Any, kubeconfig: str, namespace: str, fleet_factory: Any, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(4)
+    blocked = fleet.names[0]
+    apps, policy_api = client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api)
+    wait_until(
+        lambda: fleet.core.list_namespaced_service_account(namespace).items,
+        "the namespace's default service account",
+    )
+    spec = _pod_spec(fleet, True)
+    spec["nodeSelector"]["kubernetes.io/hostname"] = blocked
+    apps.create_namespaced_deployment(namespace, _deployment("pinned", 1, spec))
+    policy_api.create_namespaced_pod_disruption_budget(namespace, _pdb("pinned", minAvailable=1))
+    wait_until(lambda: _ready(apps, namespace, "pinned"), "the pinned workload")
+    policy = {
+        "maxParallel": 1,
+        "maxUnavailable": 1,
+        "haltOnFailure": True,
+        "deviceEviction": {"timeoutSeconds": 3},
+        "validationTimeoutSeconds": 30,
+    }
+    with Driver(kubeconfig, fleet, policy, tmp_path / "status.json") as driver:
+        wait_until(lambda: fleet.states()[blocked] == "failed", "the blocked node to fail")
+        node = fleet.nodes()[blocked]
+        annotations = node.metadata.annotations
+        assert annotations[fleet.keys.reason] == "EvictionBlocked"
+        assert f"{namespace}/pinned-" in annotations[fleet.keys.message]
+        assert node.spec.unschedulable  # a failed node stays out of scheduling
+        # Halted: for a while, no other node starts.
+        wait_until(lambda: driver.status().get("halted"), "the rollout to report it halted")
+        time.sleep(2)
+        others = {n: s for n, s in fleet.states().items() if n != blocked}
+        assert set(others.values()) == {"required"}
+        assert not any(fleet.nodes()[n].spec.unschedulable for n in others)
+        status = driver.status()
+        assert status["nodes"][0]["name"] == blocked
+        assert status["nodes"][0]["reason"] == "EvictionBlocked"
+        assert {n["reason"] for n in status["nodes"][1:]} == {"RolloutHalted"}
+        warnings = fleet.core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.name={blocked},type=Warning"
+        ).items
+        assert "EvictionBlocked" in {e.reason for e in warnings}
+
+        # The admin relaxes the budget and clears the node's state to retry it.
+        policy_api.patch_namespaced_pod_disruption_budget(
+            "pinned", namespace, {"spec": {"minAvailable": 0}}
+        )
+        fleet.core.patch_node(blocked, {"metadata": {"labels": {fleet.keys.state: None}}})
+        wait_until(lambda: _converged(fleet), "every node to be done", timeout=60)
+    node = fleet.nodes()[blocked]
+    assert not node.spec.unschedulable
+    assert node.metadata.annotations[fleet.keys.attempt] == "2"
+    assert node.metadata.annotations[SWAPS] == "1"
+    wait_until(lambda: _ready(apps, namespace, "pinned"), "the pinned workload to come back")
