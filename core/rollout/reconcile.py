@@ -11,17 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from core.rollout import apply, events
-from core.rollout.hooks import Obj, RolloutHooks, Validation
+from core.rollout.hooks import Obj, RolloutHooks
 from core.rollout.keys import RolloutKeys
 from core.rollout.observed import NodeView, node_view_from, pod_view_from
-from core.rollout.plan import Context, Plan, Step, plan
+from core.rollout.plan import Context, Step, plan
 from core.rollout.policy import UpgradePolicy
 from core.rollout.states import IN_FLIGHT, State
 from core.rollout.status import RolloutStatus, summarize
@@ -35,6 +35,7 @@ class _Pass:
 
     applied: list[Step] = field(default_factory=list)
     evictions: int = 0
+    evictions_blocked: int = 0
     writes: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -70,58 +71,82 @@ def _observe(
         needs_update = hooks.needs_update(node)
     except Exception as err:
         run.error(f"needs_update({name})", err)
-        # Frozen for this pass but still counted against the budgets.
         view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=False)
-        return NodeView(**{**view.__dict__, "skipped": True})
+        # Frozen for this pass, but still counted against the budgets.
+        return replace(view, skipped=True)
     view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=needs_update)
     if view.skipped:
         return view
-    pods = None
     selector = _pod_selector(view.state, policy)
     if selector is not None:
         try:
-            raw = apply.list_pods_on_node(core, name, selector)
             device = view.state is State.EVICTING
             pods = tuple(
                 pod_view_from(p, device_consumer=device and hooks.is_device_consumer(p))
-                for p in raw
+                for p in apply.list_pods_on_node(core, name, selector)
             )
+            view = replace(view, pods=pods)
         except Exception as err:
             run.error(f"listing pods on {name}", err)
-    validation: Validation | None = None
     if view.state is State.VALIDATING:
         try:
-            validation = hooks.validate(node)
+            view = replace(view, validation=hooks.validate(node))
         except Exception as err:
             run.error(f"validate({name})", err)
-    return node_view_from(
-        node,
-        keys,
-        gate_keys,
-        skip_label=skip_label,
-        needs_update=needs_update,
-        pods=pods,
-        validation=validation,
-    )
+    return view
 
 
-def _fresh_in_flight(core: client.CoreV1Api, keys: RolloutKeys) -> set[str]:
+def _starts_are_safe(
+    core: client.CoreV1Api, keys: RolloutKeys, views: Sequence[NodeView], run: _Pass
+) -> bool:
+    """Whether the nodes in flight are the ones the plan counted.
+
+    Starts are decided from the in-flight count. If the nodes handed in were
+    older than the cluster (a lagging watch cache), a fresh list of the few
+    nodes in flight disagrees, and starting waits a pass rather than risk
+    overrunning the budget.
+    """
     states = ",".join(sorted(s.value for s in IN_FLIGHT))
-    nodes = core.list_node(label_selector=f"{keys.state} in ({states})")
-    return {str(n.metadata.name) for n in nodes.items if n.metadata is not None}
+    try:
+        listed = core.list_node(label_selector=f"{keys.state} in ({states})").items
+    except Exception as err:
+        run.error("checking the nodes in flight", err)
+        return False
+    targeted = {v.name for v in views}
+    fresh = {str(n.metadata.name) for n in listed if n.metadata is not None} & targeted
+    expected = {v.name for v in views if v.state in IN_FLIGHT}
+    for step in run.applied:
+        if step.after in IN_FLIGHT:
+            expected.add(step.node)
+        else:
+            expected.discard(step.node)
+    return fresh == expected
 
 
 def _describe(step: Step, policy_id: str) -> tuple[str, str]:
     before = step.before.value if step.before is not None else "idle"
     after = step.after.value if step.after is not None else "idle"
     reason = step.reason or f"Rollout{after.title().replace('-', '')}"
-    message = f"rollout {policy_id}: {before} -> {after}"
+    message = f"rollout {policy_id} on node {step.node}: {before} -> {after}"
     if step.message:
         message += f": {step.message}"
     return reason, message
 
 
-def _apply_step(
+def _evict(core: client.CoreV1Api, step: Step, run: _Pass) -> None:
+    for pod in step.evict:
+        try:
+            outcome = apply.evict(core, pod)
+        except Exception as err:
+            run.error(f"evicting {pod.ref} from {step.node}", err)
+            continue
+        run.writes += 1
+        run.evictions += 1
+        if outcome is apply.EvictionOutcome.BLOCKED:
+            run.evictions_blocked += 1
+
+
+def _move(
     core: client.CoreV1Api,
     step: Step,
     node: Obj,
@@ -131,17 +156,7 @@ def _apply_step(
     involved: Mapping[str, str] | None,
     run: _Pass,
 ) -> None:
-    for pod in step.evict:
-        try:
-            evicted = apply.evict(core, pod)
-            run.writes += 1
-            run.evictions += 1
-            if evicted is apply.EvictionOutcome.BLOCKED:
-                log.info("eviction of %s on %s refused by a disruption budget", pod.ref, step.node)
-        except Exception as err:
-            run.error(f"evicting {pod.ref} from {step.node}", err)
-    if step.patch is None:
-        return
+    assert step.patch is not None
     if step.swap:
         try:
             hooks.swap(node)
@@ -159,18 +174,10 @@ def _apply_step(
         return
     run.applied.append(step)
     reason, message = _describe(step, policy_id)
-    warning = step.after is State.FAILED
-    log.info("%s: %s", step.node, message)
-    targets = [events.node_reference(node)] + ([dict(involved)] if involved else [])
-    for ref in targets:
+    log.info(message)
+    for ref in [events.node_reference(node), *([dict(involved)] if involved else [])]:
         try:
-            events.emit(
-                core,
-                ref,
-                reason,
-                message,
-                warning=warning,
-            )
+            events.emit(core, ref, reason, message, warning=step.after is State.FAILED)
             run.writes += 1
         except Exception as err:
             run.error(f"recording an event for {step.node}", err)
@@ -203,48 +210,30 @@ def reconcile(
     keys = RolloutKeys.for_policy(policy_id)
     run = _Pass()
     views = [_observe(core, n, keys, policy, hooks, skip_label, run) for n in target_nodes]
-    by_name = {str((n.get("metadata") or {}).get("name", "")): n for n in target_nodes}
     ctx = Context(policy, keys, target, time.time() if now is None else now, paused)
-    the_plan: Plan = plan(views, ctx)
-    view_of = {v.name: v for v in views}
-    starts = [
-        s for s in the_plan.steps if s.before is State.REQUIRED and s.after is State.CORDONING
-    ]
-    for step in the_plan.steps:
-        if step not in starts:
-            _apply_step(
-                core, step, by_name[step.node], view_of[step.node], hooks, policy_id, involved, run
-            )
-    if starts:
-        # A start is decided from the in-flight count; if the nodes handed in
-        # are older than the cluster (a lagging cache), skip starting this pass
-        # rather than risk overrunning the budget.
-        try:
-            fresh = _fresh_in_flight(core, keys)
-        except Exception as err:
-            run.error("checking nodes in flight", err)
-            fresh = None
-        fresh = None if fresh is None else fresh & set(by_name)
-        seen = {v.name for v in views if v.state in IN_FLIGHT}
-        applied_now = {s.node for s in run.applied if s.after in IN_FLIGHT}
-        applied_done = {s.node for s in run.applied if s.after not in IN_FLIGHT}
-        if fresh is not None and fresh == (seen | applied_now) - applied_done:
-            for step in starts:
-                _apply_step(
-                    core,
-                    step,
-                    by_name[step.node],
-                    view_of[step.node],
-                    hooks,
-                    policy_id,
-                    involved,
-                    run,
-                )
+    the_plan = plan(views, ctx)
+    nodes = {v.name: (v, n) for v, n in zip(views, target_nodes, strict=True)}
+
+    def apply_all(steps: Sequence[Step]) -> None:
+        for step in steps:
+            view, node = nodes[step.node]
+            _evict(core, step, run)
+            if step.patch is not None:
+                _move(core, step, node, view, hooks, policy_id, involved, run)
+
+    def is_start(step: Step) -> bool:
+        return step.before is State.REQUIRED and step.after is State.CORDONING
+
+    apply_all([s for s in the_plan.steps if not is_start(s)])
+    starts = [s for s in the_plan.steps if is_start(s)]
+    if starts and _starts_are_safe(core, keys, views, run):
+        apply_all(starts)
     return summarize(
         views,
         the_plan,
         run.applied,
         evictions=run.evictions,
+        evictions_blocked=run.evictions_blocked,
         writes=run.writes,
         errors=run.errors,
     )

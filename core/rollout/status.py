@@ -52,6 +52,8 @@ class RolloutStatus(KubeModel):
     """Counter increments: transitions into each state made by this pass."""
     evictions: int = 0
     """Eviction requests sent this pass."""
+    evictions_blocked: int = 0
+    """Of those, refused because a PodDisruptionBudget allowed no disruption."""
     writes: int = 0
     """API writes made this pass (node patches, evictions, events); 0 once converged."""
     halted: bool = False
@@ -89,6 +91,7 @@ def summarize(
     applied: Iterable[Step],
     *,
     evictions: int = 0,
+    evictions_blocked: int = 0,
     writes: int = 0,
     errors: Sequence[str] = (),
 ) -> RolloutStatus:
@@ -140,6 +143,7 @@ def summarize(
         nodes_by_state=dict(sorted(by_state.items())),
         transitions=dict(sorted(transitions.items())),
         evictions=evictions,
+        evictions_blocked=evictions_blocked,
         writes=writes,
         halted=plan.halted,
         paused=plan.paused,

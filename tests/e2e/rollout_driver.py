@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--policy", default="{}", help="UpgradePolicy as JSON (camelCase)")
     parser.add_argument("--target", required=True)
     parser.add_argument("--skip-label")
+    parser.add_argument("--involved", help="object reference (JSON) that also gets the events")
     parser.add_argument("--status-file", required=True)
     parser.add_argument("--interval", type=float, default=0.2)
     args = parser.parse_args()
@@ -115,6 +116,7 @@ def main() -> None:
                 hooks,
                 target=args.target,
                 skip_label=args.skip_label,
+                involved=json.loads(args.involved) if args.involved else None,
             )
         except ApiException as err:
             print(f"pass failed: {err.reason}", flush=True)

@@ -221,7 +221,12 @@ class Driver:
     """The rollout loop as a separate process, so a test can SIGKILL it."""
 
     def __init__(
-        self, kubeconfig: str, fleet: Fleet, policy: dict[str, Any], status_file: Path
+        self,
+        kubeconfig: str,
+        fleet: Fleet,
+        policy: dict[str, Any],
+        status_file: Path,
+        involved: dict[str, str] | None = None,
     ) -> None:
         self.argv = [
             sys.executable,
@@ -244,6 +249,8 @@ class Driver:
             "--interval",
             "0.2",
         ]
+        if involved:
+            self.argv += ["--involved", json.dumps(involved)]
         self.status_file = status_file
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -406,7 +413,16 @@ def test_a_blocked_eviction_fails_the_node_halts_the_rollout_and_resumes_after_a
         "deviceEviction": {"timeoutSeconds": 3},
         "validationTimeoutSeconds": 30,
     }
-    with Driver(kubeconfig, fleet, policy, tmp_path / "status.json") as driver:
+    # Stands in for the backend's policy object, which receives events too.
+    owner = fleet.core.create_namespaced_config_map(namespace, {"metadata": {"name": "policy"}})
+    involved = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "policy",
+        "namespace": namespace,
+        "uid": owner.metadata.uid,
+    }
+    with Driver(kubeconfig, fleet, policy, tmp_path / "status.json", involved) as driver:
         wait_until(lambda: fleet.states()[blocked] == "failed", "the blocked node to fail")
         node = fleet.nodes()[blocked]
         annotations = node.metadata.annotations
@@ -427,6 +443,10 @@ def test_a_blocked_eviction_fails_the_node_halts_the_rollout_and_resumes_after_a
             field_selector=f"involvedObject.name={blocked},type=Warning"
         ).items
         assert "EvictionBlocked" in {e.reason for e in warnings}
+        on_policy = fleet.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=policy,type=Warning"
+        ).items
+        assert any(e.reason == "EvictionBlocked" and blocked in e.message for e in on_policy)
 
         # The admin relaxes the budget and clears the node's state to retry it.
         policy_api.patch_namespaced_pod_disruption_budget(
