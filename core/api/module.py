@@ -297,6 +297,8 @@ class ModuleSpec(KubeModel):
     image_repo_secret: LocalObjectReference | None = None
     """Docker-config Secret used to pull and push module images."""
     module_loader: ModuleLoader
+    image_rebuild_trigger_generation: int | None = Field(default=None, ge=0)
+    """Change to re-check every image with its registry now, and retry failed builds at once."""
     rollout: RolloutPolicy | None = None
     """kmodkit extension: rollout policy; absent means one node at a time, no cordon."""
 

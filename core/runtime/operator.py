@@ -13,6 +13,9 @@ from typing import Any
 
 import kopf
 
+from core import labels
+from core.runtime.engine import Engine, EngineSettings
+from core.runtime.kube import Kube
 from core.runtime.plugins import Discovered, discover
 
 log = logging.getLogger("kmodkit")
@@ -21,18 +24,20 @@ log = logging.getLogger("kmodkit")
 def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     # Progress and finalizers of our own resources go under our own keys; kopf
     # never writes its bookkeeping onto Nodes or Pods (those are observed only).
-    settings.persistence.finalizer = "kmodkit.io/finalizer"
+    settings.persistence.finalizer = labels.MODULE_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kmodkit.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kmodkit.io", key="last-handled-configuration"
     )
-    settings.posting.level = logging.INFO
+    # kopf's own per-handler events would drown the ones kmodkit posts.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
 
 
-def build_registry(namespace: str, found: list[Discovered]) -> kopf.OperatorRegistry:
+def build_registry(namespace: str, found: list[Discovered], kube: Kube) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    Engine(kube, EngineSettings.from_env()).register(registry)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -62,6 +67,18 @@ def build_registry(namespace: str, found: list[Discovered]) -> kopf.OperatorRegi
     return registry
 
 
+def _api_client() -> Any:
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    cfg: Any = kube_config  # untyped module
+    try:
+        cfg.load_incluster_config()
+    except cfg.ConfigException:
+        cfg.load_kube_config()
+    return client.ApiClient()
+
+
 def run_operator(
     namespace: str, health_host: str, health_port: int, enabled: set[str] | None
 ) -> int:
@@ -69,8 +86,11 @@ def run_operator(
     kopf.configure(
         log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=False
     )
+    # kopf logs every handler run at INFO; at fleet scale (node events) that
+    # is noise. kmodkit logs what matters itself.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     found = discover(enabled)
-    registry = build_registry(namespace, found)
+    registry = build_registry(namespace, found, Kube(_api_client()))
     kopf.run(
         registry=registry,
         clusterwide=True,

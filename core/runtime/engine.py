@@ -1,0 +1,367 @@
+"""The built-in engine: kopf wiring for ``kmodkit.io/v1alpha1`` Modules.
+
+Each Module gets a daemon that runs a reconcile pass whenever something it
+depends on changes (its spec, a node's labels/kernel/readiness, its loader pods
+or build Jobs) and otherwise sleeps. A pass reads everything it needs from the
+watch caches, plans (pure functions in core.loader and core.build) and applies.
+Nothing that matters lives in this process: the plan is rebuilt from the
+cluster on every pass, so the operator can be killed at any moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from core import labels
+from core.api import Module
+from core.build import (
+    BUILD_COMPONENT,
+    IMAGE_ANNOTATION,
+    BuildSettings,
+    build_job_view,
+    plan_builds,
+)
+from core.kernel_mapping import ResolvedMapping
+from core.loader import (
+    COMPONENT_LABEL,
+    LOADER_COMPONENT,
+    MODULE_LABEL,
+    LoaderPlan,
+    LoaderSettings,
+    gated_on,
+    loader_pod_view,
+    plan,
+)
+from core.nodes import NodeView, node_view
+from core.registry import Answer, AnswerCache, Credentials, check, credentials_for
+from core.runtime.kube import Kube
+from core.runtime.status import module_status
+
+log = logging.getLogger("kmodkit.engine")
+
+GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
+MODULE_REF = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Module"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    loader: LoaderSettings
+    build: BuildSettings
+    registry_ca_bundle: str | None = None
+    """Extra CA bundle for registry TLS (a private registry's CA); system CAs otherwise."""
+    resync_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> EngineSettings:
+        env = os.environ
+        return cls(
+            loader=LoaderSettings(
+                agent_image=env.get("KMODKIT_AGENT_IMAGE", "ghcr.io/kmodkit/agent:0.1.0"),
+                firmware_host_path=env.get("KMODKIT_FIRMWARE_HOST_PATH", "/var/lib/firmware"),
+            ),
+            build=BuildSettings(
+                builder_image=env.get(
+                    "KMODKIT_BUILDER_IMAGE", "gcr.io/kaniko-project/executor:v1.23.2"
+                ),
+            ),
+            registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
+        )
+
+
+def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        **MODULE_REF,
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+class Engine:
+    """Watch caches and wake-ups (no progress: that is all in the cluster)."""
+
+    def __init__(self, kube: Kube, settings: EngineSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.nodes: dict[str, NodeView] = {}
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        self.answers = AnswerCache()
+
+    # -- wiring ---------------------------------------------------------------
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        loader_filter = {
+            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+            COMPONENT_LABEL: LOADER_COMPONENT,
+        }
+        build_filter = {
+            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+            COMPONENT_LABEL: BUILD_COMPONENT,
+        }
+
+        @kopf.on.event("", "v1", "nodes", registry=registry)
+        async def node_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
+            if type == "DELETED":
+                changed = self.nodes.pop(name, None) is not None
+            else:
+                view = node_view(body)
+                changed = self.nodes.get(name) != view
+                self.nodes[name] = view
+            if changed:  # heartbeats change nothing a plan reads
+                self._wake_all()
+
+        @kopf.index("", "v1", "pods", id="loader_pods", labels=loader_filter, registry=registry)
+        def loader_pods(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): loader_pod_view(body)}
+
+        @kopf.index("batch", "v1", "jobs", id="build_jobs", labels=build_filter, registry=registry)
+        def build_jobs(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): build_job_view(body)}
+
+        @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
+        @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
+        async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+            self._wake((namespace or "", labels.get(MODULE_LABEL, "")))
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+        async def module_changed(namespace: str | None, name: str, **_: Any) -> None:
+            self._wake((namespace or "", name))
+
+        @kopf.daemon(
+            GROUP,
+            VERSION,
+            PLURAL,
+            registry=registry,
+            cancellation_timeout=30,
+        )
+        async def module_daemon(
+            name: str,
+            namespace: str | None,
+            body: kopf.Body,
+            stopped: kopf.DaemonStopped,
+            **kwargs: Any,
+        ) -> None:
+            # kopf passes each index by its function's name.
+            loader_pods: kopf.Index[Any, Any] = kwargs["loader_pods"]
+            build_jobs: kopf.Index[Any, Any] = kwargs["build_jobs"]
+            key = (namespace or "", name)
+            wake = self.wakeups.setdefault(key, asyncio.Event())
+            try:
+                while not stopped:
+                    wake.clear()
+                    try:
+                        requeue = await asyncio.to_thread(
+                            self.reconcile,
+                            dict(body),
+                            list(loader_pods.get(key, [])),
+                            list(build_jobs.get(key, [])),
+                        )
+                    except Exception:
+                        log.exception("reconcile of Module %s/%s failed; retrying", *key)
+                        requeue = 10.0
+                    timeout = min(
+                        requeue or self.settings.resync_seconds, self.settings.resync_seconds
+                    )
+                    waiters = [
+                        asyncio.ensure_future(wake.wait()),
+                        asyncio.ensure_future(stopped.wait()),
+                    ]
+                    _done, pending = await asyncio.wait(
+                        waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for w in pending:
+                        w.cancel()
+                    # Watch events come in bursts; one pass serves the burst.
+                    await asyncio.sleep(0.3)
+            finally:
+                self.wakeups.pop(key, None)
+
+        @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+        def module_deleted(name: str, namespace: str | None, **kwargs: Any) -> None:
+            key = (namespace or "", name)
+            self.finalize(*key, list(kwargs["loader_pods"].get(key, [])))
+
+    def _wake(self, key: tuple[str, str]) -> None:
+        event = self.wakeups.get(key)
+        if event is not None:
+            event.set()
+
+    def _wake_all(self) -> None:
+        for event in self.wakeups.values():
+            event.set()
+
+    # -- a pass ---------------------------------------------------------------
+
+    def reconcile(self, body: dict[str, Any], pods: list[Any], jobs: list[Any]) -> float | None:
+        """One pass over a Module; returns seconds until a timed retry is due."""
+        meta = body.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        try:
+            module = Module.model_validate(body)
+        except ValidationError as err:
+            self._write_status(body, module_status(body, LoaderPlan(), invalid=str(err)))
+            return None
+        nodes = list(self.nodes.values())
+        first = plan(module, nodes, pods, {}, self.settings.loader)
+        succeeded = {j.image for j in jobs if j.succeeded}
+        existence = self._check_images(module, first.needed_images, succeeded)
+        builds = plan_builds(
+            module,
+            first.needed_images,
+            first.nodes_by_image,
+            nodes,
+            existence,
+            jobs,
+            self.settings.build,
+            time.time(),
+        )
+        final = plan(module, nodes, pods, builds.states, self.settings.loader)
+        if final.awaiting_consumers:
+            ready_key = labels.READY.key(ns, name)
+            consumers = {
+                node: [
+                    f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                    for p in self.kube.pods_on_node(node)
+                    if gated_on(p, ready_key)
+                ]
+                for node in final.awaiting_consumers
+            }
+            final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
+
+        owner = _owner(body)
+        for job in builds.create:
+            job["metadata"]["ownerReferences"] = [owner]
+            self.kube.create(job)
+            image = job["metadata"]["annotations"][IMAGE_ANNOTATION]
+            self.kube.event(
+                {**MODULE_REF, "name": name, "uid": meta.get("uid")},
+                "Module",
+                "BuildCreated",
+                f"building {image} in Job {job['metadata']['name']}",
+                ns,
+            )
+        for job_name in builds.delete:
+            self.kube.delete_job(ns, job_name)
+        for pod_name in final.delete:
+            self.kube.delete_pod(ns, pod_name)
+        for pod in final.create:
+            pod["metadata"]["ownerReferences"] = [owner]
+            self.kube.create(pod)
+        self._label_nodes(final.node_labels, ns, name)
+        self._write_status(body, module_status(body, final))
+        return builds.requeue_after
+
+    def _check_images(
+        self, module: Module, needed: Mapping[str, ResolvedMapping], just_built: Iterable[str]
+    ) -> dict[str, Answer]:
+        trigger = str(module.spec.image_rebuild_trigger_generation or "")
+        fresh = set(just_built)
+        answers: dict[str, Answer] = {}
+        creds_body: str | bool | None = False  # read the Secret once, only if needed
+        for image, resolved in needed.items():
+            cached = self.answers.get((image, trigger))
+            if cached is not None and not (image in fresh and cached.existence.value != "Exists"):
+                answers[image] = cached
+                continue
+            if creds_body is False:
+                creds_body = self._pull_secret(module)
+            creds = self._credentials(creds_body, image)
+            answer = check(image, creds, resolved.registry_tls, self.settings.registry_ca_bundle)
+            self.answers.put((image, trigger), answer)
+            answers[image] = answer
+        return answers
+
+    def _pull_secret(self, module: Module) -> str | None:
+        ref = module.spec.image_repo_secret
+        if ref is None:
+            return None
+        data = self.kube.read_secret(module.metadata.namespace or "", ref.name or "")
+        if not data or ".dockerconfigjson" not in data:
+            return None
+        return base64.b64decode(data[".dockerconfigjson"]).decode()
+
+    @staticmethod
+    def _credentials(body: str | bool | None, image: str) -> Credentials | None:
+        from core.images import parse_image_reference
+        from core.registry import registry_host
+
+        if not isinstance(body, str):
+            return None
+        return credentials_for(body, registry_host(parse_image_reference(image)))
+
+    def _label_nodes(
+        self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
+    ) -> None:
+        ready_key = labels.READY.key(ns, name)
+        for node, change in sorted(changes.items()):
+            self.kube.label_node(node, change)
+            view = self.nodes.get(node)
+            if ready_key not in change or view is None:
+                continue
+            loaded = change[ready_key] is not None
+            self.kube.event(
+                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": view.uid},
+                "Node",
+                "ModuleLoaded" if loaded else "ModuleUnloaded",
+                f"Module {ns}/{name} {'loaded into' if loaded else 'unloaded from'} the kernel",
+                "default",
+            )
+
+    def _write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        if _same_status(body.get("status") or {}, status):
+            return  # idle after convergence means zero writes
+        meta = body.get("metadata") or {}
+        self.kube.patch_status(
+            GROUP, VERSION, PLURAL, meta.get("namespace"), meta.get("name", ""), status
+        )
+
+    # -- deletion -------------------------------------------------------------
+
+    def finalize(self, ns: str, name: str, pods: list[Any]) -> None:
+        """Unload everywhere and remove the labels; kopf keeps the finalizer until done.
+
+        The readiness labels go first so gated pods (device plugins) leave each
+        node; a loader pod is deleted (and its module unloaded) only then.
+        """
+        ready_key = labels.READY.key(ns, name)
+        keys = (ready_key, labels.VERSION_READY.key(ns, name))
+        for node in self.nodes.values():
+            change = {k: None for k in keys if k in node.labels}
+            if change:
+                self.kube.label_node(node.name, change)
+        waiting = []
+        for pod in pods:
+            holders = [
+                p["metadata"]["name"]
+                for p in self.kube.pods_on_node(pod.node)
+                if gated_on(p, ready_key)
+            ]
+            if holders:
+                waiting.append(f"{pod.node} ({', '.join(holders)})")
+            elif not pod.deleting:
+                self.kube.delete_pod(ns, pod.name)
+        if pods:
+            detail = f"; gated pods still on {', '.join(waiting[:5])}" if waiting else ""
+            raise kopf.TemporaryError(
+                f"waiting for {len(pods)} loader pods to unload{detail}", delay=3
+            )
+
+
+def _same_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in old.items() if k in new} == dict(new)

@@ -1,0 +1,210 @@
+"""The built-in engine on a real cluster, with a real registry (auth + TLS).
+
+kwok nodes of three kernels; images for one kernel already pushed, another
+kernel's built in-cluster (this test plays the builder: when a build Job
+appears it pushes the image, as kaniko would), the third kernel unmapped.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from devcluster import cluster as devcluster
+from devcluster.nodes import node_manifest
+from devcluster.registry import Registry
+from tests.integration.crds_util import install
+from tests.integration.operator_process import Operator, running_operator
+from tests.waiting import wait_until
+
+GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
+PUSHED, BUILT, UNMAPPED = "6.8.0-45-generic", "7.0.0-14-generic", "5.14.0-427.el9.x86_64"
+
+pytestmark = pytest.mark.cluster
+
+
+def push(reg: Registry, reference: str, tmp: Path) -> None:
+    """Push a small artifact to ``reference`` (host/repo:tag) with the registry's creds."""
+    import oras.client
+
+    payload = tmp / f"payload-{uuid.uuid4().hex[:6]}.txt"
+    payload.write_text(reference)
+    # The test registry (htpasswd) challenges with Basic, not a token realm.
+    c = oras.client.OrasClient(hostname=reg.host, tls_verify=str(reg.ca), auth_backend="basic")
+    c.login(username=reg.username, password=reg.password, hostname=reg.host,
+            tls_verify=str(reg.ca))
+    c.push(target=reference, files=[str(payload)], disable_path_validation=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
+    tag = uuid.uuid4().hex[:6]
+    names = [f"eng-{tag}-{k}-{i}" for k in ("a", "b", "c") for i in range(2)]
+    kernels = {"a": PUSHED, "b": BUILT, "c": UNMAPPED}
+    devcluster.add_nodes(dev_cluster, [
+        node_manifest(n, kernels[n.split("-")[2]], {"engine-test": tag}) for n in names])
+    yield tag, names
+    core = client.CoreV1Api(devcluster.api_client(dev_cluster))
+    for n in names:
+        core.delete_node(n)
+
+
+@pytest.fixture(scope="module")
+def operator(kubeconfig: str, kube_api: Any, oci_registry: Registry,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    install(kube_api)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with running_operator(kubeconfig, log, KMODKIT_REGISTRY_CA=str(oci_registry.ca),
+                          KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test") as op:
+        yield op
+
+
+def _secret(kube_api: Any, namespace: str, reg: Registry) -> None:
+    client.CoreV1Api(kube_api).create_namespaced_secret(namespace, {
+        "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()},
+    })
+
+
+def _module(name: str, tag: str, reg: Registry, **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Module", "metadata": {"name": name},
+        "spec": {
+            "selector": {"engine-test": tag},
+            "imageRepoSecret": {"name": "pull"},
+            "moduleLoader": {"container": {
+                "modprobe": {"moduleName": "xe", "firmwarePath": "/firmware"},
+                "kernelMappings": [
+                    {"literal": PUSHED,
+                     "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}"},
+                    {"regexp": r"^7\.0\.0-.*-generic$",
+                     "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}",
+                     "build": {"dockerfileConfigMap": {"name": "xe-build"}}},
+                ],
+                **container,
+            }},
+        },
+    }
+
+
+class Builder:
+    """Plays kaniko: pushes the image a build Job names, once per Job."""
+
+    def __init__(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
+        self.built: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(kube_api, namespace, reg, tmp),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
+        batch = client.BatchV1Api(kube_api)
+        w = watch.Watch()
+        for ev in w.stream(batch.list_namespaced_job, namespace, timeout_seconds=300):
+            if self._stop.is_set():
+                break
+            job = ev["object"]
+            if ev["type"] == "ADDED":
+                image = job.metadata.annotations["kmodkit.io/image"]
+                push(reg, image, tmp)
+                self.built.append(image)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _pods(kube_api: Any, namespace: str) -> dict[str, Any]:
+    items = client.CoreV1Api(kube_api).list_namespaced_pod(
+        namespace, label_selector="app.kubernetes.io/component=module-loader").items
+    return {p.spec.node_name: p for p in items}
+
+
+def _labels(kube_api: Any, node: str) -> dict[str, str]:
+    return dict(client.CoreV1Api(kube_api).read_node(node).metadata.labels or {})
+
+
+def _status(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name)
+    return dict(obj.get("status") or {})
+
+
+def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
+        operator: Operator, kube_api: Any, namespace: str, oci_registry: Registry,
+        fleet: tuple[str, list[str]], tmp_path: Path) -> None:
+    tag, names = fleet
+    _secret(kube_api, namespace, oci_registry)
+    client.CoreV1Api(kube_api).create_namespaced_config_map(namespace, {
+        "metadata": {"name": "xe-build"}, "data": {"dockerfile": "FROM scratch\n"}})
+    push(oci_registry, f"{oci_registry.host}/kmods/xe:{PUSHED}", tmp_path)
+    builder = Builder(kube_api, namespace, oci_registry, tmp_path)
+    objs = client.CustomObjectsApi(kube_api)
+    try:
+        objs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                             _module("xe", tag, oci_registry))
+        ready = f"kmm.node.kubernetes.io/{namespace}.xe.ready"
+        mapped = [n for n in names if "-c-" not in n]
+        wait_until(lambda: all(ready in _labels(kube_api, n) for n in mapped),
+                   "ready labels on the mapped nodes", timeout=90)
+    finally:
+        builder.stop()
+    # Only the missing image was built, and once, though two nodes need it.
+    assert builder.built == [f"{oci_registry.host}/kmods/xe:{BUILT}"]
+    jobs = client.BatchV1Api(kube_api).list_namespaced_job(namespace).items
+    assert len(jobs) == 1
+    pods = _pods(kube_api, namespace)
+    assert sorted(pods) == sorted(mapped)
+    for node, pod in pods.items():
+        kernel = PUSHED if "-a-" in node else BUILT
+        assert pod.spec.init_containers[0].image == f"{oci_registry.host}/kmods/xe:{kernel}"
+        assert pod.spec.image_pull_secrets[0].name == "pull"
+    for n in names:
+        if "-c-" in n:
+            assert ready not in _labels(kube_api, n)
+    status = wait_until(lambda: (s := _status(kube_api, namespace, "xe")).get(
+        "moduleLoader", {}).get("availableNumber") == 4 and s, "status counters")
+    failures = {f["node"]: f for f in status["nodeFailures"]}
+    assert sorted(failures) == sorted(n for n in names if "-c-" in n)
+    assert {f["reason"] for f in failures.values()} == {"NoMapping"}
+    assert UNMAPPED in next(iter(failures.values()))["message"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Degraded"]["status"] == "True"
+
+    # Pods of another component gated on the readiness label run only on ready nodes.
+    apps = client.AppsV1Api(kube_api)
+    apps.create_namespaced_daemon_set(namespace, {
+        "metadata": {"name": "device-plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "dp"}}, "template": {
+            "metadata": {"labels": {"app": "dp"}},
+            "spec": {"nodeSelector": {ready: "", "engine-test": tag},
+                     "containers": [{"name": "dp", "image": "registry.invalid/dp:1"}]}}}})
+    wait_until(lambda: apps.read_namespaced_daemon_set("device-plugin", namespace)
+               .status.number_ready == 4, "device plugin pods on the 4 ready nodes")
+    dp_nodes = {p.spec.node_name for p in client.CoreV1Api(kube_api).list_namespaced_pod(
+        namespace, label_selector="app=dp").items}
+    assert dp_nodes == set(mapped)
+    apps.delete_namespaced_daemon_set("device-plugin", namespace)
+
+    # Deleting the Module unloads everywhere and removes every label.
+    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "xe")
+    wait_until(lambda: not _pods(kube_api, namespace), "loader pods to be gone", timeout=60)
+
+    def gone() -> bool:
+        try:
+            objs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "xe")
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_until(gone, "the Module to be released by its finalizer", timeout=60)
+    for n in names:
+        assert not [k for k in _labels(kube_api, n) if k.startswith(
+            f"kmm.node.kubernetes.io/{namespace}.xe")]
