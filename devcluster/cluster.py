@@ -295,7 +295,8 @@ def _tail(path: Path, lines: int = 20) -> str:
 def api_client(cluster: Cluster) -> Any:
     from kubernetes import config
 
-    return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    untyped: Any = config
+    return untyped.new_client_from_config(config_file=str(cluster.kubeconfig))
 
 
 def add_nodes(
@@ -304,7 +305,7 @@ def add_nodes(
     """Create kwok nodes and wait until every one is Ready."""
     from kubernetes import client
 
-    api = client.CoreV1Api(api_client(cluster))
+    api: Any = client.CoreV1Api(api_client(cluster))
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(api.create_node, manifests))
     names = {m["metadata"]["name"] for m in manifests}

@@ -10,7 +10,6 @@ cluster on every pass, so the operator can be killed at any moment.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
@@ -42,9 +41,10 @@ from core.loader import (
     loader_pod_view,
     plan,
 )
-from core.nodes import NodeView, node_view
+from core.nodes import NodeView
 from core.registry import Answer, AnswerCache, Credentials, check, credentials_for
-from core.runtime.kube import Kube
+from core.runtime.loop import reconcile_loop
+from core.runtime.shared import Shared
 from core.runtime.status import module_status
 
 log = logging.getLogger("kmodkit.engine")
@@ -90,18 +90,22 @@ def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Engine:
-    """Watch caches and wake-ups (no progress: that is all in the cluster)."""
+    """Reconcile loops for Modules; the caches it reads are in Shared."""
 
-    def __init__(self, kube: Kube, settings: EngineSettings) -> None:
-        self.kube = kube
+    def __init__(self, shared: Shared, settings: EngineSettings) -> None:
+        self.shared = shared
+        self.kube = shared.kube
         self.settings = settings
-        self.nodes: dict[str, NodeView] = {}
-        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         self.answers = AnswerCache()
+
+    @property
+    def nodes(self) -> dict[str, NodeView]:
+        return self.shared.nodes
 
     # -- wiring ---------------------------------------------------------------
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
+        wakeups = self.shared.wakeups
         loader_filter = {
             labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
             COMPONENT_LABEL: LOADER_COMPONENT,
@@ -110,17 +114,6 @@ class Engine:
             labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
             COMPONENT_LABEL: BUILD_COMPONENT,
         }
-
-        @kopf.on.event("", "v1", "nodes", registry=registry)
-        async def node_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
-            if type == "DELETED":
-                changed = self.nodes.pop(name, None) is not None
-            else:
-                view = node_view(body)
-                changed = self.nodes.get(name) != view
-                self.nodes[name] = view
-            if changed:  # heartbeats change nothing a plan reads
-                self._wake_all()
 
         @kopf.index("", "v1", "pods", id="loader_pods", labels=loader_filter, registry=registry)
         def loader_pods(
@@ -137,19 +130,13 @@ class Engine:
         @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
         @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
         async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-            self._wake((namespace or "", labels.get(MODULE_LABEL, "")))
+            wakeups.wake((PLURAL, namespace or "", labels.get(MODULE_LABEL, "")))
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
         async def module_changed(namespace: str | None, name: str, **_: Any) -> None:
-            self._wake((namespace or "", name))
+            wakeups.wake((PLURAL, namespace or "", name))
 
-        @kopf.daemon(
-            GROUP,
-            VERSION,
-            PLURAL,
-            registry=registry,
-            cancellation_timeout=30,
-        )
+        @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=30)
         async def module_daemon(
             name: str,
             namespace: str | None,
@@ -157,54 +144,24 @@ class Engine:
             stopped: kopf.DaemonStopped,
             **kwargs: Any,
         ) -> None:
-            # kopf passes each index by its function's name.
-            loader_pods: kopf.Index[Any, Any] = kwargs["loader_pods"]
-            build_jobs: kopf.Index[Any, Any] = kwargs["build_jobs"]
+            # kopf passes each index by its id.
+            pods_index: kopf.Index[Any, Any] = kwargs["loader_pods"]
+            jobs_index: kopf.Index[Any, Any] = kwargs["build_jobs"]
             key = (namespace or "", name)
-            wake = self.wakeups.setdefault(key, asyncio.Event())
-            try:
-                while not stopped:
-                    wake.clear()
-                    try:
-                        requeue = await asyncio.to_thread(
-                            self.reconcile,
-                            dict(body),
-                            list(loader_pods.get(key, [])),
-                            list(build_jobs.get(key, [])),
-                        )
-                    except Exception:
-                        log.exception("reconcile of Module %s/%s failed; retrying", *key)
-                        requeue = 10.0
-                    timeout = min(
-                        requeue or self.settings.resync_seconds, self.settings.resync_seconds
-                    )
-                    waiters = [
-                        asyncio.ensure_future(wake.wait()),
-                        asyncio.ensure_future(stopped.wait()),
-                    ]
-                    _done, pending = await asyncio.wait(
-                        waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    for w in pending:
-                        w.cancel()
-                    # Watch events come in bursts; one pass serves the burst.
-                    await asyncio.sleep(0.3)
-            finally:
-                self.wakeups.pop(key, None)
+
+            def one_pass() -> float | None:
+                return self.reconcile(
+                    dict(body), list(pods_index.get(key, [])), list(jobs_index.get(key, []))
+                )
+
+            await reconcile_loop(
+                (PLURAL, *key), one_pass, stopped, wakeups, self.settings.resync_seconds
+            )
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
         def module_deleted(name: str, namespace: str | None, **kwargs: Any) -> None:
             key = (namespace or "", name)
             self.finalize(*key, list(kwargs["loader_pods"].get(key, [])))
-
-    def _wake(self, key: tuple[str, str]) -> None:
-        event = self.wakeups.get(key)
-        if event is not None:
-            event.set()
-
-    def _wake_all(self) -> None:
-        for event in self.wakeups.values():
-            event.set()
 
     # -- a pass ---------------------------------------------------------------
 

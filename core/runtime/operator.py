@@ -14,9 +14,11 @@ from typing import Any
 import kopf
 
 from core import labels
+from core.runtime.controller import ResourceController
 from core.runtime.engine import Engine, EngineSettings
 from core.runtime.kube import Kube
 from core.runtime.plugins import Discovered, discover
+from core.runtime.shared import Shared
 
 log = logging.getLogger("kmodkit")
 
@@ -37,7 +39,13 @@ def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
 
 def build_registry(namespace: str, found: list[Discovered], kube: Kube) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    Engine(kube, EngineSettings.from_env()).register(registry)
+    shared = Shared(kube, namespace, settings=backend_settings())
+    shared.register(registry)
+    Engine(shared, EngineSettings.from_env()).register(registry)
+    for d in found:
+        if d.active and d.backend is not None:
+            for resource in d.backend.resources:
+                ResourceController(d.name, resource, shared).register(registry)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -65,6 +73,17 @@ def build_registry(namespace: str, found: list[Discovered], kube: Kube) -> kopf.
         }
 
     return registry
+
+
+def backend_settings() -> dict[str, str]:
+    """Operator configuration for backends: every ``KMODKIT_*`` environment variable.
+
+    The chart sets these (images, ``controller.extraEnv`` proxy variables under
+    ``KMODKIT_EXTRA_ENV_*``, deploy gates); backends read what they need.
+    """
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("KMODKIT_")}
 
 
 def _api_client() -> Any:
