@@ -272,12 +272,26 @@ def module_name_policy() -> list[dict[str, Any]]:
     return [policy, binding]
 
 
-def generated_documents() -> dict[str, list[dict[str, Any]]]:
-    """Every generated manifest, by the file name it is written to."""
-    return {
+def generated_documents(enabled: Iterable[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every generated manifest, by the file name it is written to.
+
+    The core Module first, then the resources of every installed backend
+    (``enabled`` limits which), each with the extra manifests it declares.
+    """
+    from core.runtime.plugins import discover  # plugins import this module
+
+    docs = {
         f"{MODULE_CRD.group}_{MODULE_CRD.plural}.yaml": [crd_manifest(MODULE_CRD)],
         f"{MODULE_CRD.group}_{MODULE_CRD.plural}_admission-policy.yaml": module_name_policy(),
     }
+    for found in discover(enabled):
+        if found.backend is None:
+            continue
+        for resource in found.backend.resources:
+            crd = resource.crd
+            extra = resource.extra_documents() if resource.extra_documents else []
+            docs[f"{crd.group}_{crd.plural}.yaml"] = [crd_manifest(crd), *extra]
+    return docs
 
 
 class _Dumper(yaml.SafeDumper):
