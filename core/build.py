@@ -155,7 +155,8 @@ def plan_builds(
                 why = job.message or "the build Job failed"
             else:
                 why = f"{job.name} succeeded but {image} is not in the registry"
-            due = (job.finished_at or now) + backoff(job.attempt, settings)
+            grace = 0.0 if job.failed else PUSH_GRACE_SECONDS
+            due = (job.finished_at or now) + grace + backoff(job.attempt, settings)
             if now < due:
                 out.states[image] = ImageStatus(
                     ImageState.BUILD_FAILED,

@@ -625,8 +625,11 @@ def loader_pod(
     if module.spec.image_repo_secret is not None:
         spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
     config_yaml = yaml.safe_dump(config, sort_keys=True)
-    digest = hashlib.sha256(json.dumps([spec, config], sort_keys=True).encode()).hexdigest()
     version = container.version or ""
+    # The version is part of what a node runs: a bump reloads even with the same image.
+    digest = hashlib.sha256(
+        json.dumps([spec, config, version], sort_keys=True).encode()
+    ).hexdigest()
     return {
         "apiVersion": "v1",
         "kind": "Pod",
