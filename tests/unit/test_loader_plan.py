@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.api import Module
+from core.kernel_mapping import resolve
 from core.loader import (
     CONFIG_HASH,
     KERNEL,
@@ -23,7 +24,6 @@ from core.loader import (
     max_unavailable,
     plan,
 )
-from core.kernel_mapping import resolve
 from core.nodes import NodeView, Taint
 
 NS, NAME = "drivers", "xe"
