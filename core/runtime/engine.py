@@ -35,6 +35,7 @@ from core.loader import (
     COMPONENT_LABEL,
     LOADER_COMPONENT,
     MODULE_LABEL,
+    ImageState,
     LoaderPlan,
     LoaderSettings,
     gated_on,
@@ -60,6 +61,8 @@ class EngineSettings:
     registry_ca_bundle: str | None = None
     """Extra CA bundle for registry TLS (a private registry's CA); system CAs otherwise."""
     resync_seconds: float = 300.0
+    recheck_seconds: float = 60.0
+    """How often a missing or unreachable image is asked for again (a push may land)."""
 
     @classmethod
     def from_env(cls) -> EngineSettings:
@@ -75,6 +78,7 @@ class EngineSettings:
                 ),
             ),
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
+            recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),
         )
 
 
@@ -96,7 +100,7 @@ class Engine:
         self.shared = shared
         self.kube = shared.kube
         self.settings = settings
-        self.answers = AnswerCache()
+        self.answers = AnswerCache(other_ttl=settings.recheck_seconds)
 
     @property
     def nodes(self) -> dict[str, NodeView]:
@@ -222,7 +226,15 @@ class Engine:
             self.kube.create(pod)
         self._label_nodes(final.node_labels, ns, name)
         self._write_status(body, module_status(body, final))
-        return builds.requeue_after
+        waiting = any(
+            s.state in (ImageState.MISSING, ImageState.UNKNOWN) for s in builds.states.values()
+        )
+        requeues = [
+            t
+            for t in (builds.requeue_after, self.settings.recheck_seconds if waiting else None)
+            if t
+        ]
+        return min(requeues, default=None)
 
     def _check_images(
         self, module: Module, needed: Mapping[str, ResolvedMapping], just_built: Iterable[str]

@@ -39,18 +39,19 @@ def push(reg: Registry, reference: str, tmp: Path) -> None:
     payload.write_text(reference)
     # The test registry (htpasswd) challenges with Basic, not a token realm.
     c = oras.client.OrasClient(hostname=reg.host, tls_verify=str(reg.ca), auth_backend="basic")
-    c.login(username=reg.username, password=reg.password, hostname=reg.host,
-            tls_verify=str(reg.ca))
+    c.login(username=reg.username, password=reg.password, hostname=reg.host, tls_verify=str(reg.ca))
     c.push(target=reference, files=[str(payload)], disable_path_validation=True)
 
 
 @pytest.fixture(scope="module")
 def fleet(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
     tag = uuid.uuid4().hex[:6]
-    names = [f"eng-{tag}-{k}-{i}" for k in ("a", "b", "c") for i in range(2)]
+    names = [f"eng-{tag}-{k}-{i}" for k in ("a", "b", "c") for i in range(3)]
     kernels = {"a": PUSHED, "b": BUILT, "c": UNMAPPED}
-    devcluster.add_nodes(dev_cluster, [
-        node_manifest(n, kernels[n.split("-")[2]], {"engine-test": tag}) for n in names])
+    devcluster.add_nodes(
+        dev_cluster,
+        [node_manifest(n, kernels[n.split("-")[2]], {"engine-test": tag}) for n in names],
+    )
     yield tag, names
     core = client.CoreV1Api(devcluster.api_client(dev_cluster))
     for n in names:
@@ -58,39 +59,60 @@ def fleet(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: str, kube_api: Any, oci_registry: Registry,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: str, kube_api: Any, oci_registry: Registry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
     install(kube_api)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kubeconfig, log, KMODKIT_REGISTRY_CA=str(oci_registry.ca),
-                          KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test") as op:
+    # A long re-check interval, so only a forced re-check can find a late push.
+    with running_operator(
+        kubeconfig,
+        log,
+        KMODKIT_REGISTRY_CA=str(oci_registry.ca),
+        KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
+        KMODKIT_IMAGE_RECHECK_SECONDS="600",
+    ) as op:
         yield op
 
 
 def _secret(kube_api: Any, namespace: str, reg: Registry) -> None:
-    client.CoreV1Api(kube_api).create_namespaced_secret(namespace, {
-        "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
-        "data": {".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()},
-    })
+    client.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": "pull"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {
+                ".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()
+            },
+        },
+    )
 
 
 def _module(name: str, tag: str, reg: Registry, **container: Any) -> dict[str, Any]:
     return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Module", "metadata": {"name": name},
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Module",
+        "metadata": {"name": name},
         "spec": {
             "selector": {"engine-test": tag},
             "imageRepoSecret": {"name": "pull"},
-            "moduleLoader": {"container": {
-                "modprobe": {"moduleName": "xe", "firmwarePath": "/firmware"},
-                "kernelMappings": [
-                    {"literal": PUSHED,
-                     "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}"},
-                    {"regexp": r"^7\.0\.0-.*-generic$",
-                     "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}",
-                     "build": {"dockerfileConfigMap": {"name": "xe-build"}}},
-                ],
-                **container,
-            }},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "xe", "firmwarePath": "/firmware"},
+                    "kernelMappings": [
+                        {
+                            "literal": PUSHED,
+                            "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}",
+                        },
+                        {
+                            "regexp": r"^7\.0\.0-.*-generic$",
+                            "containerImage": f"{reg.host}/kmods/xe:${{KERNEL_FULL_VERSION}}",
+                            "build": {"dockerfileConfigMap": {"name": "xe-build"}},
+                        },
+                    ],
+                    **container,
+                }
+            },
         },
     }
 
@@ -101,8 +123,9 @@ class Builder:
     def __init__(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
         self.built: list[str] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(kube_api, namespace, reg, tmp),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(kube_api, namespace, reg, tmp), daemon=True
+        )
         self._thread.start()
 
     def _run(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
@@ -122,8 +145,11 @@ class Builder:
 
 
 def _pods(kube_api: Any, namespace: str) -> dict[str, Any]:
-    items = client.CoreV1Api(kube_api).list_namespaced_pod(
-        namespace, label_selector="app.kubernetes.io/component=module-loader").items
+    items = (
+        client.CoreV1Api(kube_api)
+        .list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=module-loader")
+        .items
+    )
     return {p.spec.node_name: p for p in items}
 
 
@@ -133,27 +159,38 @@ def _labels(kube_api: Any, node: str) -> dict[str, str]:
 
 def _status(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
     obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name)
+        GROUP, VERSION, namespace, PLURAL, name
+    )
     return dict(obj.get("status") or {})
 
 
 def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
-        operator: Operator, kube_api: Any, namespace: str, oci_registry: Registry,
-        fleet: tuple[str, list[str]], tmp_path: Path) -> None:
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
     tag, names = fleet
     _secret(kube_api, namespace, oci_registry)
-    client.CoreV1Api(kube_api).create_namespaced_config_map(namespace, {
-        "metadata": {"name": "xe-build"}, "data": {"dockerfile": "FROM scratch\n"}})
+    client.CoreV1Api(kube_api).create_namespaced_config_map(
+        namespace, {"metadata": {"name": "xe-build"}, "data": {"dockerfile": "FROM scratch\n"}}
+    )
     push(oci_registry, f"{oci_registry.host}/kmods/xe:{PUSHED}", tmp_path)
     builder = Builder(kube_api, namespace, oci_registry, tmp_path)
     objs = client.CustomObjectsApi(kube_api)
     try:
-        objs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                             _module("xe", tag, oci_registry))
+        objs.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, _module("xe", tag, oci_registry)
+        )
         ready = f"kmm.node.kubernetes.io/{namespace}.xe.ready"
         mapped = [n for n in names if "-c-" not in n]
-        wait_until(lambda: all(ready in _labels(kube_api, n) for n in mapped),
-                   "ready labels on the mapped nodes", timeout=90)
+        wait_until(
+            lambda: all(ready in _labels(kube_api, n) for n in mapped),
+            "ready labels on the mapped nodes",
+            timeout=90,
+        )
     finally:
         builder.stop()
     # Only the missing image was built, and once, though two nodes need it.
@@ -169,8 +206,14 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
     for n in names:
         if "-c-" in n:
             assert ready not in _labels(kube_api, n)
-    status = wait_until(lambda: (s := _status(kube_api, namespace, "xe")).get(
-        "moduleLoader", {}).get("availableNumber") == 4 and s, "status counters")
+    status = wait_until(
+        lambda: (
+            (s := _status(kube_api, namespace, "xe")).get("moduleLoader", {}).get("availableNumber")
+            == len(mapped)
+            and s
+        ),
+        "status counters",
+    )
     failures = {f["node"]: f for f in status["nodeFailures"]}
     assert sorted(failures) == sorted(n for n in names if "-c-" in n)
     assert {f["reason"] for f in failures.values()} == {"NoMapping"}
@@ -180,16 +223,35 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
 
     # Pods of another component gated on the readiness label run only on ready nodes.
     apps = client.AppsV1Api(kube_api)
-    apps.create_namespaced_daemon_set(namespace, {
-        "metadata": {"name": "device-plugin"},
-        "spec": {"selector": {"matchLabels": {"app": "dp"}}, "template": {
-            "metadata": {"labels": {"app": "dp"}},
-            "spec": {"nodeSelector": {ready: "", "engine-test": tag},
-                     "containers": [{"name": "dp", "image": "registry.invalid/dp:1"}]}}}})
-    wait_until(lambda: apps.read_namespaced_daemon_set("device-plugin", namespace)
-               .status.number_ready == 4, "device plugin pods on the 4 ready nodes")
-    dp_nodes = {p.spec.node_name for p in client.CoreV1Api(kube_api).list_namespaced_pod(
-        namespace, label_selector="app=dp").items}
+    apps.create_namespaced_daemon_set(
+        namespace,
+        {
+            "metadata": {"name": "device-plugin"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "dp"}},
+                "template": {
+                    "metadata": {"labels": {"app": "dp"}},
+                    "spec": {
+                        "nodeSelector": {ready: "", "engine-test": tag},
+                        "containers": [{"name": "dp", "image": "registry.invalid/dp:1"}],
+                    },
+                },
+            },
+        },
+    )
+    wait_until(
+        lambda: (
+            apps.read_namespaced_daemon_set("device-plugin", namespace).status.number_ready
+            == len(mapped)
+        ),
+        "device plugin pods on the ready nodes",
+    )
+    dp_nodes = {
+        p.spec.node_name
+        for p in client.CoreV1Api(kube_api)
+        .list_namespaced_pod(namespace, label_selector="app=dp")
+        .items
+    }
     assert dp_nodes == set(mapped)
     apps.delete_namespaced_daemon_set("device-plugin", namespace)
 
@@ -206,5 +268,198 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
 
     wait_until(gone, "the Module to be released by its finalizer", timeout=60)
     for n in names:
-        assert not [k for k in _labels(kube_api, n) if k.startswith(
-            f"kmm.node.kubernetes.io/{namespace}.xe")]
+        assert not [
+            k
+            for k in _labels(kube_api, n)
+            if k.startswith(f"kmm.node.kubernetes.io/{namespace}.xe")
+        ]
+
+
+def _simple_module(
+    name: str, tag: str, reg: Registry, image: str, **container: Any
+) -> dict[str, Any]:
+    body = _module(name, tag, reg, **container)
+    body["spec"]["moduleLoader"]["container"]["kernelMappings"] = [
+        {"literal": PUSHED, "containerImage": image}
+    ]
+    body["spec"]["moduleLoader"]["container"]["modprobe"] = {"moduleName": name}
+    return body
+
+
+def _a_nodes(names: list[str]) -> list[str]:
+    return [n for n in names if "-a-" in n]
+
+
+def test_ordered_upgrade_reloads_only_the_labelled_node(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    tag, names = fleet
+    a0, a1, a2 = _a_nodes(names)
+    _secret(kube_api, namespace, oci_registry)
+    for v in ("v1", "v2"):
+        push(oci_registry, f"{oci_registry.host}/kmods/ou:{v}", tmp_path)
+    core = client.CoreV1Api(kube_api)
+    want = f"kmm.node.kubernetes.io/version-module.{namespace}.ou"
+    ready = f"kmm.node.kubernetes.io/{namespace}.ou.ready"
+    vready = f"kmm.node.kubernetes.io/{namespace}.ou.version.ready"
+    for n in (a0, a1):
+        core.patch_node(n, {"metadata": {"labels": {want: "v1"}}})
+    objs = client.CustomObjectsApi(kube_api)
+    objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        _simple_module("ou", tag, oci_registry, f"{oci_registry.host}/kmods/ou:v1", version="v1"),
+    )
+    wait_until(
+        lambda: all(_labels(kube_api, n).get(vready) == "v1" for n in (a0, a1)),
+        "v1 loaded on the labelled nodes",
+    )
+    assert ready not in _labels(kube_api, a2)  # never labelled: nothing loaded
+    before = {n: p.metadata.uid for n, p in _pods(kube_api, namespace).items()}
+
+    objs.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        "ou",
+        {
+            "spec": {
+                "moduleLoader": {
+                    "container": {
+                        "version": "v2",
+                        "kernelMappings": [
+                            {
+                                "literal": PUSHED,
+                                "containerImage": f"{oci_registry.host}/kmods/ou:v2",
+                            }
+                        ],
+                    }
+                }
+            }
+        },
+    )
+    core.patch_node(a0, {"metadata": {"labels": {want: "v2"}}})
+    wait_until(lambda: _labels(kube_api, a0).get(vready) == "v2", "v2 loaded on the upgraded node")
+    pods = _pods(kube_api, namespace)
+    assert pods[a0].spec.init_containers[0].image.endswith("/kmods/ou:v2")
+    # The node not yet relabelled keeps its v1 pod (same object) and its labels.
+    assert pods[a1].metadata.uid == before[a1]
+    assert _labels(kube_api, a1).get(vready) == "v1" and ready in _labels(kube_api, a1)
+    status = _status(kube_api, namespace, "ou")
+    assert "AwaitingVersionLabel" not in {f["reason"] for f in status.get("nodeFailures", [])}
+    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "ou")
+    for n in (a0, a1):
+        core.patch_node(n, {"metadata": {"labels": {want: None}}})
+    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+
+
+def test_spec_change_reloads_nodes_within_the_budget(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    tag, names = fleet
+    a_nodes = _a_nodes(names)
+    _secret(kube_api, namespace, oci_registry)
+    image = f"{oci_registry.host}/kmods/bud:1"
+    push(oci_registry, image, tmp_path)
+    ready = f"kmm.node.kubernetes.io/{namespace}.bud.ready"
+    objs = client.CustomObjectsApi(kube_api)
+    objs.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _simple_module("bud", tag, oci_registry, image)
+    )
+    wait_until(lambda: all(ready in _labels(kube_api, n) for n in a_nodes), "initial load")
+    first = {n: p.metadata.uid for n, p in _pods(kube_api, namespace).items()}
+
+    worst = [0]
+    stop = threading.Event()
+
+    def watch_unready() -> None:
+        while not stop.is_set():
+            missing = sum(1 for n in a_nodes if ready not in _labels(kube_api, n))
+            worst[0] = max(worst[0], missing)
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch_unready, daemon=True)
+    watcher.start()
+    try:
+        objs.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            "bud",
+            {
+                "spec": {
+                    "rollout": {"maxUnavailable": 1},
+                    "moduleLoader": {"container": {"modprobe": {"parameters": ["debug=1"]}}},
+                }
+            },
+        )
+
+        def all_replaced() -> bool:
+            pods = _pods(kube_api, namespace)
+            return all(n in pods and pods[n].metadata.uid != first[n] for n in a_nodes) and all(
+                ready in _labels(kube_api, n) for n in a_nodes
+            )
+
+        wait_until(all_replaced, "every node reloaded", timeout=90)
+    finally:
+        stop.set()
+        watcher.join()
+    assert worst[0] == 1  # one node at a time, never more
+    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bud")
+    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+
+
+def test_image_pushed_after_a_failed_check_is_found_by_a_forced_recheck(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    tag, names = fleet
+    a_nodes = _a_nodes(names)
+    _secret(kube_api, namespace, oci_registry)
+    image = f"{oci_registry.host}/kmods/late:1"
+    objs = client.CustomObjectsApi(kube_api)
+    objs.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _simple_module("late", tag, oci_registry, image)
+    )
+
+    def missing() -> bool:
+        fails = _status(kube_api, namespace, "late").get("nodeFailures", [])
+        return {f["node"] for f in fails if f["reason"] == "ImageMissing"} == set(a_nodes)
+
+    wait_until(missing, "the missing image to be reported per node")
+    fail = next(
+        f
+        for f in _status(kube_api, namespace, "late")["nodeFailures"]
+        if f["reason"] == "ImageMissing"
+    )
+    assert image in fail["message"] and "push it or add a build" in fail["message"]
+    push(oci_registry, image, tmp_path)
+    objs.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "late", {"spec": {"imageRebuildTriggerGeneration": 1}}
+    )
+    ready = f"kmm.node.kubernetes.io/{namespace}.late.ready"
+    wait_until(
+        lambda: all(ready in _labels(kube_api, n) for n in a_nodes),
+        "the late image to load after the forced re-check",
+        timeout=30,
+    )
+    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "late")
+    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
