@@ -463,3 +463,88 @@ def test_image_pushed_after_a_failed_check_is_found_by_a_forced_recheck(
     )
     objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "late")
     wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+
+
+def _set_pod_ready(kube_api: Any, namespace: str, pod: str, ready: bool) -> None:
+    status = "True" if ready else "False"
+    client.CoreV1Api(kube_api).patch_namespaced_pod_status(
+        pod,
+        namespace,
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": status},
+                    {"type": "ContainersReady", "status": status},
+                ]
+            }
+        },
+    )
+
+
+def test_readiness_label_follows_what_is_really_loaded(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    """After a reboot the agent's probe fails until the module is loaded again; the
+    label must follow it, not a record of an earlier load."""
+    tag, names = fleet
+    a0 = _a_nodes(names)[0]
+    _secret(kube_api, namespace, oci_registry)
+    image = f"{oci_registry.host}/kmods/rb:1"
+    push(oci_registry, image, tmp_path)
+    objs = client.CustomObjectsApi(kube_api)
+    objs.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _simple_module("rb", tag, oci_registry, image)
+    )
+    ready = f"kmm.node.kubernetes.io/{namespace}.rb.ready"
+    wait_until(lambda: ready in _labels(kube_api, a0), "initial load")
+    pod = _pods(kube_api, namespace)[a0].metadata.name
+    _set_pod_ready(kube_api, namespace, pod, False)
+    wait_until(lambda: ready not in _labels(kube_api, a0), "the label to go with the module")
+    _set_pod_ready(kube_api, namespace, pod, True)
+    wait_until(lambda: ready in _labels(kube_api, a0), "the label to return on reload")
+    events = (
+        client.CoreV1Api(kube_api)
+        .list_namespaced_event("default", field_selector=f"involvedObject.name={a0}")
+        .items
+    )
+    reasons = {e.reason for e in events if f"{namespace}/rb" in (e.message or "")}
+    assert {"ModuleLoaded", "ModuleUnloaded"} <= reasons
+
+
+def test_deleting_the_namespace_of_a_module_never_deadlocks(
+    operator: Operator,
+    kube_api: Any,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    tag, names = fleet
+    core = client.CoreV1Api(kube_api)
+    ns = f"t-gone-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    _secret(kube_api, ns, oci_registry)
+    image = f"{oci_registry.host}/kmods/ns:1"
+    push(oci_registry, image, tmp_path)
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, _simple_module("nsd", tag, oci_registry, image)
+    )
+    ready = f"kmm.node.kubernetes.io/{ns}.nsd.ready"
+    a_nodes = _a_nodes(names)
+    wait_until(lambda: all(ready in _labels(kube_api, n) for n in a_nodes), "load")
+    core.delete_namespace(ns)
+
+    def ns_gone() -> bool:
+        try:
+            core.read_namespace(ns)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_until(ns_gone, "the namespace to be deleted", timeout=120)
+    for n in a_nodes:
+        assert ready not in _labels(kube_api, n)
