@@ -25,6 +25,7 @@ from core.crdgen import CrdSource
 from core.nodes import NodeView
 from core.rollout.hooks import RolloutHooks
 from core.rollout.policy import UpgradePolicy
+from core.validation import Problem
 
 ENTRY_POINT_GROUP = "kmodkit.backends"
 
@@ -119,6 +120,8 @@ class Resource:
     rollout_status: RolloutStatusFn | None = None
     extra_documents: Callable[[], list[dict[str, Any]]] | None = None
     """More manifests installed with the CRD (admission policies, DeviceClasses)."""
+    validate: Callable[[Obj], list[Problem]] | None = None
+    """Offline checks of a whole object (``kmodkit validate``): the CRD's rules and more."""
 
     @property
     def api_version(self) -> str:

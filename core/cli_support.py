@@ -24,9 +24,19 @@ from core.validation import ValidatorRegistry
 
 
 def build_registry() -> ValidatorRegistry:
-    """A registry with every kind the offline commands can validate."""
+    """A registry with every kind the offline commands can validate.
+
+    The Module, and every resource of an installed backend that declares a
+    validator.
+    """
+    from core.runtime.plugins import discover
+
     registry = ValidatorRegistry()
     register_module_validators(registry)
+    for found in discover():
+        for resource in found.backend.resources if found.backend else ():
+            if resource.validate is not None:
+                registry.register(resource.api_version, resource.crd.kind, resource.validate)
     return registry
 
 
