@@ -79,8 +79,8 @@ class Plan:
 
 
 def _elapsed(view: NodeView, now: float) -> float:
-    # A missing or unreadable timer counts from now, so a mangled annotation can
-    # delay a timeout by one pass but never fire one early.
+    # A missing or unreadable timer never fires a timeout early (and _advance
+    # writes a fresh one).
     return 0.0 if view.record.since is None else now - view.record.since
 
 
@@ -135,6 +135,11 @@ _ORDER = (
     State.VALIDATING,
     State.UNCORDONING,
     State.DONE,
+)
+
+
+_TIMED = frozenset(
+    {State.WAITING_FOR_JOBS, State.EVICTING, State.DRAINING, State.SWAPPING, State.VALIDATING}
 )
 
 
@@ -399,6 +404,9 @@ def _advance(view: NodeView, ctx: Context) -> Step | None:
             reason="TargetChanged",
             message=f"retrying for the new target {ctx.target}",
         )
+    if state in _TIMED and view.record.since is None:
+        # Someone set the state label by hand: start the clock its timeout needs.
+        return _move(view, ctx, state)
     handlers = {
         State.CORDONING: _cordon,
         State.GATING: _gate,

@@ -371,8 +371,11 @@ def test_killing_the_driver_at_random_moments_changes_nothing_but_time(
     kills, killed_mid_flight = 0, 0
     try:
         while kills < 10:
+            driver.status_file.unlink(missing_ok=True)
             driver.start()
-            time.sleep(rng.uniform(0.8, 3.0))
+            # Kill at a random moment after the first pass, not while it still imports.
+            wait_until(driver.status, "the driver's first pass", timeout=30, interval=0.05)
+            time.sleep(rng.uniform(0.0, 1.5))
             driver.kill()
             kills += 1
             killed_mid_flight += any(s in IN_FLIGHT for s in fleet.states().values())

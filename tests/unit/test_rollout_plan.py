@@ -497,3 +497,12 @@ def test_a_node_whose_step_the_policy_dropped_mid_rollout_moves_on() -> None:
     assert only_step([waiting]).after is State.EVICTING
     draining = node(state=State.DRAINING, record=record(), pods=None)
     assert only_step([draining]).after is State.SWAPPING
+
+
+def test_a_state_set_by_hand_without_a_timer_gets_one_so_its_timeout_can_fire() -> None:
+    view = node(
+        state=State.EVICTING, record=record(since=None), pods=(pod("x", device_consumer=True),)
+    )
+    step = only_step([view])
+    assert step.after is State.EVICTING
+    assert annotations_of(step)[KEYS.since] == str(int(NOW))
