@@ -42,6 +42,34 @@ class Registry:
     def stop(self) -> None:
         procs.stop(self.pid, "registry")
 
+    def push(self, reference: str) -> None:
+        """Push a small artifact as ``reference`` (host/repo:tag), as a build would.
+
+        kwok runs no containers, so on the simulated cluster a build Job
+        completes without pushing; tests and the demo push in its place.
+        """
+        import tempfile
+
+        import oras.client
+
+        # This registry (htpasswd) challenges with Basic, not a token realm.
+        c = oras.client.OrasClient(
+            hostname=self.host,
+            tls_verify=str(self.ca) if self.ca else False,
+            auth_backend="basic",
+            insecure=self.ca is None,
+        )
+        c.login(
+            username=self.username,
+            password=self.password,
+            hostname=self.host,
+            tls_verify=str(self.ca) if self.ca else False,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            payload = Path(tmp) / "module.txt"
+            payload.write_text(reference)
+            c.push(target=reference, files=[str(payload)], disable_path_validation=True)
+
 
 def start(
     workdir: Path, username: str, password: str, tls: bool = True, pki_dir: Path | None = None
