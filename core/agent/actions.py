@@ -203,7 +203,8 @@ class NodeAgent:
             )
         if not (modules_dir / "modules.dep").is_file():
             # modprobe resolves dependencies from modules.dep; images often ship without it.
-            self._kmod(self.kmod.depmod, base, self.kernel)
+            result = self._kmod(self.kmod.depmod, base, self.kernel)
+            self.log.info("image.depmod", argv=list(result.argv))
         versions = {
             name: self._kmod(
                 self.kmod.modinfo_field, name, "version", base_dir=base, kernel=self.kernel

@@ -67,6 +67,7 @@ def test_runs_depmod_when_the_image_ships_without_modules_dep(node: Node) -> Non
     node.agent().load()
 
     assert node.kmod_calls("depmod") == [("depmod", "-b", str(node.image), node.kernel.release)]
+    assert node.events("image.depmod")
     assert node.loaded() == [DEP, TOP]
 
 
