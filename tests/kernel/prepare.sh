@@ -1,0 +1,128 @@
+#!/bin/sh
+# Prepare the real-kernel test tier from Debian's archive: qemu and busybox, the
+# current Debian kernel image (extracted, never installed: its hooks want a
+# bootloader) and its headers, our test module pair built against them, and a
+# busybox initramfs that mounts this machine's root over virtio-9p.
+#
+# Idempotent. Results are cached per kernel version under
+# ${KMODKIT_CACHE:-~/.cache/kmodkit}/kernel/<version>/; the last line printed
+# is that directory.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+cache_root=${KMODKIT_CACHE:-$HOME/.cache/kmodkit}/kernel
+
+say() { echo "prepare: $*" >&2; }
+
+as_root() {
+	if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
+}
+
+installed() {
+	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"
+}
+
+apt_updated=no
+apt_update() {
+	if [ "$apt_updated" = no ]; then
+		say "apt-get update"
+		as_root apt-get update -qq >&2
+		apt_updated=yes
+	fi
+}
+
+apt_install() {
+	missing=""
+	for package in "$@"; do
+		installed "$package" || missing="$missing $package"
+	done
+	[ -z "$missing" ] && return 0
+	apt_update
+	say "installing$missing"
+	# shellcheck disable=SC2086 # word splitting of the package list is intended
+	as_root env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $missing >&2
+}
+
+kernel_version() {
+	apt-cache depends linux-image-amd64 2>/dev/null |
+		sed -n 's/^ *Depends: linux-image-\([0-9].*\)$/\1/p' | head -n 1
+}
+
+# Publish a directory built beside its final name, so a cache entry is whole or absent.
+publish() {
+	rm -rf "$2"
+	mv "$1" "$2"
+}
+
+apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip
+
+version=$(kernel_version)
+if [ -z "$version" ]; then
+	apt_update
+	version=$(kernel_version)
+fi
+[ -n "$version" ] || { say "cannot resolve linux-image-amd64 to a kernel version"; exit 1; }
+cache=$cache_root/$version
+mkdir -p "$cache"
+say "kernel $version, cache $cache"
+
+apt_install "linux-headers-$version"
+headers=/usr/src/linux-headers-$version
+
+if [ ! -f "$cache/image/boot/vmlinuz-$version" ]; then
+	say "downloading linux-image-$version"
+	scratch=$(mktemp -d "$cache/.image.XXXXXX")
+	(cd "$scratch" && apt-get download -q "linux-image-$version" >&2 2>&1)
+	dpkg -x "$scratch"/linux-image-*.deb "$scratch/root"
+	# The package ships no modules.dep (its postinst runs depmod); the initramfs
+	# step needs it to find the 9p modules' dependencies.
+	depmod -b "$scratch/root" "$version"
+	publish "$scratch/root" "$cache/image"
+	rm -rf "$scratch"
+fi
+
+sources_hash=$(cat "$here"/testmod/* | md5sum | cut -c1-16)
+driver=$cache/driver-$sources_hash
+if [ ! -d "$driver" ]; then
+	say "building the test modules against $headers"
+	scratch=$(mktemp -d "$cache/.driver.XXXXXX")
+	cp "$here"/testmod/* "$scratch/"
+	make -s -C "$headers" M="$scratch" modules >&2 2>&1
+	# The driver image, laid out the way KMM expects: <dirName>/lib/modules/<kernel>/.
+	mkdir -p "$scratch/opt/lib/modules/$version/extra"
+	cp "$scratch"/*.ko "$scratch/opt/lib/modules/$version/extra/"
+	chmod 0755 "$scratch"
+	publish "$scratch" "$driver"
+fi
+
+init_hash=$(cat "$here/vm_init.sh" | md5sum | cut -c1-16)
+initramfs=$cache/initramfs-$init_hash.cpio.gz
+if [ ! -f "$initramfs" ]; then
+	say "building the initramfs"
+	scratch=$(mktemp -d "$cache/.initramfs.XXXXXX")
+	root=$scratch/root
+	mkdir -p "$root/bin" "$root/proc" "$root/sys" "$root/dev" "$root/host" "$root/modules" \
+		"$root/lib/modules/$version" "$root/tmp" "$root/run" "$root/var/lib"
+	cp "$(command -v busybox)" "$root/bin/busybox"
+	cp "$here/vm_init.sh" "$root/init"
+	chmod 0755 "$root/init"
+	cp "$cache/image/lib/modules/$version/modules.builtin" "$root/lib/modules/$version/"
+	# What the VM needs to mount this machine's root: virtio-pci and 9p, with
+	# their dependencies in load order (modprobe prints them as insmod lines).
+	modprobe -a -d "$cache/image" -S "$version" --show-depends virtio_pci 9pnet_virtio 9p |
+		awk '$1 == "insmod" { print $2 }' | while read -r ko; do
+			name=$(basename "$ko")
+			if ! grep -qx "/modules/$name" "$root/modules.load" 2>/dev/null; then
+				cp "$ko" "$root/modules/$name"
+				echo "/modules/$name" >>"$root/modules.load"
+			fi
+		done
+	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$scratch/initramfs.cpio.gz"
+	mv "$scratch/initramfs.cpio.gz" "$initramfs"
+	rm -rf "$scratch"
+fi
+
+ln -sfn "$(basename "$driver")" "$cache/driver"
+ln -sfn "$(basename "$initramfs")" "$cache/initramfs.cpio.gz"
+echo "$cache"

@@ -1,0 +1,47 @@
+#!/bin/busybox sh
+# /init of the kernel-tier VM. Mounts the test machine's root (read-only, over
+# virtio-9p) at /host, then runs the scenario there with the machine's own
+# Python, kmod tools and the agent under test, and powers off.
+#
+# The agent's host root is this initramfs itself, seen from inside /host at
+# /run/kmodkit-test/node: the kernel resolves firmware paths in this root, so
+# firmware the agent places under its host root is where the kernel looks.
+# Only /run is covered by a tmpfs, so a checkout under /tmp stays visible.
+#
+# KMODKIT_PYTHON and KMODKIT_REPO come from the kernel command line.
+
+/bin/busybox --install -s /bin
+export PATH=/bin
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+while read -r module; do
+	insmod "$module" || echo "KMODKIT-INIT insmod $module failed"
+done </modules.load
+
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=524288 hostroot /host; then
+	echo "KMODKIT-INIT cannot mount the host root over 9p"
+	poweroff -f
+fi
+mount -t proc proc /host/proc
+mount -t sysfs sysfs /host/sys
+mount -t devtmpfs devtmpfs /host/dev
+mount -t tmpfs tmpfs /host/run
+node=/host/run/kmodkit-test/node
+mkdir -p "$node"
+mount --bind / "$node"
+mount --bind /proc "$node/proc"
+mount --bind /sys "$node/sys"
+mount --bind /dev "$node/dev"
+
+# A child, not exec: chroot in PID 1 would move the root the kernel's
+# firmware loader uses along with it.
+chroot /host /usr/bin/env -i \
+	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	HOME=/run/kmodkit-test PYTHONDONTWRITEBYTECODE=1 \
+	KMODKIT_REPO="$KMODKIT_REPO" KMODKIT_DRIVER="$KMODKIT_DRIVER" \
+	"$KMODKIT_PYTHON" "$KMODKIT_REPO/tests/kernel/vm_scenario.py"
+echo "KMODKIT-INIT scenario exited $?"
+poweroff -f
