@@ -281,10 +281,6 @@ class RolloutPolicy(KubeModel):
         ),
     ] = 1
     """Nodes (a count, or a percentage of the targeted nodes) that may be updating at once."""
-    cordon: bool = False
-    """Cordon each node while its module is swapped."""
-    drain: bool = False
-    """Drain each node (which cordons it) before its module is swapped."""
 
 
 class ModuleSpec(KubeModel):
@@ -300,7 +296,7 @@ class ModuleSpec(KubeModel):
     image_rebuild_trigger_generation: int | None = Field(default=None, ge=0)
     """Change to re-check every image with its registry now, and retry failed builds at once."""
     rollout: RolloutPolicy | None = None
-    """kmodkit extension: rollout policy; absent means one node at a time, no cordon."""
+    """kmodkit extension: rollout policy; absent means one node at a time."""
 
     def rollout_policy(self) -> RolloutPolicy:
         """The rollout policy in force, with kmodkit's defaults when none is given."""

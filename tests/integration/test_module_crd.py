@@ -77,7 +77,7 @@ def test_defaults_are_applied(objects: client.CustomObjectsApi, namespace: str) 
     body["spec"]["rollout"] = {}
     created = _create(objects, namespace, body)
     assert created["spec"]["moduleLoader"]["container"]["modprobe"]["dirName"] == "/opt"
-    assert created["spec"]["rollout"] == {"maxUnavailable": 1, "cordon": False, "drain": False}
+    assert created["spec"]["rollout"] == {"maxUnavailable": 1}
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "25%", "100%"])

