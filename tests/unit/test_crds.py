@@ -143,12 +143,16 @@ def test_cli_output_is_all_documents() -> None:
 
     result = CliRunner().invoke(main, ["crds"])
     assert result.exit_code == 0
-    kinds = [doc["kind"] for doc in yaml.safe_load_all(result.output)]
-    assert kinds == [
+    documents = list(yaml.safe_load_all(result.output))
+    # The core Module and its admission policy come first, then every
+    # installed backend's manifests.
+    assert [doc["kind"] for doc in documents[:3]] == [
         "CustomResourceDefinition",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
+    expected = [doc for docs in crdgen.generated_documents().values() for doc in docs]
+    assert [d["metadata"]["name"] for d in documents] == [d["metadata"]["name"] for d in expected]
 
 
 def test_cli_writes_files(tmp_path: Path) -> None:
