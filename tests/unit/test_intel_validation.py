@@ -1,0 +1,266 @@
+"""ClusterPolicy validation: every rule's message, offline and as CEL in the generated CRD."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from backends.intel_xe import api
+from backends.intel_xe.crd import CRD, admission_documents
+from backends.intel_xe.rules import cluster_policy_problems
+from core.crdgen import crd_manifest
+
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "samples" / "clusterpolicy-ubuntu26.04.yaml"
+
+
+def policy(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "intel.com/v1alpha1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "gpu-policy"},
+        "spec": {"resourceRegistration": "dp", **spec},
+    }
+
+
+def kernel_module(**fields: Any) -> dict[str, Any]:
+    return {
+        "kernelMappings": [
+            {
+                "regexp": "^7[.]0[.]0-.*-generic$",
+                "containerImage": "reg.local/xe:v1-$KERNEL_FULL_VERSION",
+            }
+        ],
+        **fields,
+    }
+
+
+def problems(obj: dict[str, Any], namespace: str = "kmodkit-system") -> dict[str, str]:
+    return {p.path: p.message for p in cluster_policy_problems(obj, namespace)}
+
+
+def test_a_complete_policy_and_the_sample_are_valid() -> None:
+    assert problems(policy(kernelModule=kernel_module())) == {}
+    sample = yaml.safe_load(SAMPLE.read_text())
+    assert problems(sample) == {}
+
+
+def test_defaults() -> None:
+    parsed = api.ClusterPolicy.model_validate(policy(kernelModule=kernel_module()))
+    km = parsed.spec.kernel_module
+    assert km is not None and km.module_name == "xe" and km.engine == "Auto"
+    assert parsed.spec.resource_monitoring is False and parsed.spec.use_nfd_labeling is False
+    health = api.HealthSpec()
+    assert (health.check_interval_seconds, health.core_temperature_threshold) == (5, 100)
+    assert api.DraSpec().pod_health_check is True
+    assert api.XpuSpec().monitoring_resource == "monitoring"
+
+
+@pytest.mark.parametrize(
+    ("spec", "path", "message"),
+    [
+        (
+            {"dp": {"allowIDs": ["0xe20b"], "denyIDs": ["0xe20c"]}},
+            "spec.dp",
+            api.IDS_BOTH_MSG,
+        ),
+        ({"dp": {"allowIDs": ["0xE20B"]}}, "spec.dp.allowIDs[0]", f"'0xE20B' {api.PCI_ID_MSG}"),
+        ({"dp": {"denyIDs": ["e20b"]}}, "spec.dp.denyIDs[0]", f"'e20b' {api.PCI_ID_MSG}"),
+        ({"pullSecret": {"name": "Bad_Name"}}, "spec.pullSecret.name", api.OBJECT_NAME_MSG),
+        (
+            {"xpu": {"configMapOverride": "UPPER"}},
+            "spec.xpu.configMapOverride",
+            api.OBJECT_NAME_MSG,
+        ),
+        (
+            {"kernelModule": kernel_module(moduleName="xe.ko")},
+            "spec.kernelModule.moduleName",
+            api.MODULE_NAME_MSG,
+        ),
+        (
+            {"kernelModule": kernel_module(version="v1 beta")},
+            "spec.kernelModule.version",
+            api.VERSION_MSG,
+        ),
+        (
+            {"kernelModule": kernel_module(firmwarePath="firmware")},
+            "spec.kernelModule.firmwarePath",
+            api.FIRMWARE_PATH_MSG,
+        ),
+        (
+            {"kernelModule": kernel_module(modulesLoadingOrder=["xe"])},
+            "spec.kernelModule.modulesLoadingOrder",
+            api.ORDER_SIZE_MSG,
+        ),
+        (
+            {"kernelModule": kernel_module(modulesLoadingOrder=["drm_buddy", "xe"])},
+            "spec.kernelModule.modulesLoadingOrder[0]",
+            f"{api.ORDER_FIRST_MSG} ('xe'), not 'drm_buddy'",
+        ),
+        (
+            {"kernelModule": kernel_module(modulesLoadingOrder=["xe", "ttm", "ttm", "xe"])},
+            "spec.kernelModule.modulesLoadingOrder[2]",
+            f"{api.ORDER_DUPLICATE_MSG} ('ttm')",
+        ),
+        (
+            {"tolerations": [{"operator": "Equal", "value": "x"}]},
+            "spec.tolerations[0].operator",
+            "must be Exists when key is empty",
+        ),
+    ],
+)
+def test_each_rule_names_its_field(spec: dict[str, Any], path: str, message: str) -> None:
+    found = problems(policy(**spec))
+    assert path in found, found
+    assert found[path].startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("field", "image"),
+    [("dp", "plugin"), ("dp", "levelzero"), ("dra", "image"), ("xpu", "image")],
+)
+def test_operand_images_need_a_tag_or_digest(field: str, image: str) -> None:
+    found = problems(policy(**{field: {image: "registry:5000/intel/plugin"}}))
+    assert "has no tag or digest" in found[f"spec.{field}.{image}"]
+    assert problems(policy(**{field: {image: "registry:5000/intel/plugin:1.0"}})) == {}
+
+
+@pytest.mark.parametrize(
+    ("mapping", "field", "message"),
+    [
+        ({"regexp": ""}, "regexp", api.REGEXP_REQUIRED_MSG),
+        ({"regexp": "(?=7)"}, "regexp", "lookahead"),
+        ({"containerImage": ""}, "containerImage", api.MAPPING_IMAGE_REQUIRED_MSG),
+        (
+            {"containerImage": "reg.local/xe-oot-kmd-${KERNEL_FULL_VERSION}"},
+            "containerImage",
+            api.MAPPING_IMAGE_TAG_MSG,
+        ),
+        ({"containerImage": "registry:5000/xe"}, "containerImage", api.MAPPING_IMAGE_TAG_MSG),
+        ({"containerImage": "reg.local/xe:$KERNEL_VER"}, "containerImage", "unknown variable"),
+        (
+            {"build": {"dockerfileConfigMap": {"name": ""}}},
+            "build.dockerfileConfigMap.name",
+            api.DOCKERFILE_CONFIGMAP_MSG,
+        ),
+        (
+            {
+                "build": {
+                    "dockerfileConfigMap": {"name": "b"},
+                    "buildArgs": [{"name": "A", "value": "${NOPE}"}],
+                }
+            },
+            "build.buildArgs[0].value",
+            "unknown variable $NOPE",
+        ),
+    ],
+)
+def test_kernel_mapping_rules(mapping: dict[str, Any], field: str, message: str) -> None:
+    km = kernel_module()
+    km["kernelMappings"][0].update(mapping)
+    found = problems(policy(kernelModule=km))
+    path = f"spec.kernelModule.kernelMappings[0].{field}"
+    assert path in found, found
+    assert message in found[path]
+
+
+def test_templated_images_with_a_tag_after_the_variables_pass() -> None:
+    for image in (
+        "reg.local/${MOD_NAMESPACE}/$MOD_NAME:v1.0",
+        "reg.local/xe:v7.1.4.6-$KERNEL_FULL_VERSION",
+        "reg.local:5000/xe@sha256:" + "a" * 64,
+    ):
+        km = kernel_module()
+        km["kernelMappings"][0]["containerImage"] = image
+        assert problems(policy(kernelModule=km)) == {}, image
+
+
+def test_schema_errors_are_reported_by_field() -> None:
+    obj = policy(kernelModule={"kernelMappings": [{"regexp": "x"}]}, resourceRegistration="gpu")
+    found = problems(obj)
+    assert "spec.resourceRegistration" in found
+    assert found["spec.kernelModule.kernelMappings[0].containerImage"] == "is required"
+    assert problems(policy(kernelModule={"kernelMappings": []}))[
+        "spec.kernelModule.kernelMappings"
+    ].startswith("list should have at least 1 item")
+
+
+def test_name_and_operator_namespace_must_fit_kmm_label_keys() -> None:
+    obj = policy()
+    obj["metadata"]["name"] = "a" * 24  # 24 + len("-gpu") + len("kmodkit-system") = 42
+    found = problems(obj)
+    assert found["metadata.name"].startswith(api.POLICY_NAME_LENGTH_MSG)
+    assert "totals 42" in found["metadata.name"]
+    assert problems(obj, namespace="gpu") == {}
+    obj["metadata"]["name"] = "Gpu_Policy"
+    assert problems(obj)["metadata.name"] == api.OBJECT_NAME_MSG
+
+
+def test_cli_validates_cluster_policies(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    bad = copy.deepcopy(policy(kernelModule=kernel_module(modulesLoadingOrder=["xe"])))
+    path = tmp_path / "cp.yaml"
+    path.write_text(yaml.safe_dump_all([yaml.safe_load(SAMPLE.read_text()), bad]))
+    result = CliRunner().invoke(main, ["validate", "-f", str(path)])
+    assert result.exit_code == 2
+    assert f"spec.kernelModule.modulesLoadingOrder: {api.ORDER_SIZE_MSG}" in result.output
+
+
+def _rules(schema: dict[str, Any]) -> list[dict[str, str]]:
+    found = list(schema.get("x-kubernetes-validations", []))
+    for child in schema.get("properties", {}).values():
+        found += _rules(child)
+    if "items" in schema:
+        found += _rules(schema["items"])
+    return found
+
+
+def test_crd_carries_every_rule_as_cel_naming_its_field() -> None:
+    crd = crd_manifest(CRD)
+    (version,) = crd["spec"]["versions"]
+    assert crd["spec"]["scope"] == "Cluster"
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "DP",
+        "DRA",
+        "XPU",
+        "KMM",
+        "Age",
+    ]
+    messages = {r["message"] for r in _rules(version["schema"]["openAPIV3Schema"])}
+    for subject, message in [
+        ("metadata.name", api.POLICY_NAME_LENGTH_MSG),
+        ("dp.allowIDs", api.PCI_ID_MSG),
+        ("dp.denyIDs", api.PCI_ID_MSG),
+        ("dp.plugin", api.IMAGE_MSG),
+        ("dra.image", api.IMAGE_MSG),
+        ("xpu.image", api.IMAGE_MSG),
+        ("pullSecret.name", api.OBJECT_NAME_MSG),
+        ("xpu.configMapOverride", api.OBJECT_NAME_MSG),
+        ("kernelModule.modulesLoadingOrder", api.ORDER_SIZE_MSG),
+        ("kernelModule.modulesLoadingOrder[0]", api.ORDER_FIRST_MSG),
+        ("kernelModule.modulesLoadingOrder", api.ORDER_DUPLICATE_MSG),
+        ("kernelModule.version", api.VERSION_MSG),
+        ("kernelModule.firmwarePath", api.FIRMWARE_PATH_MSG),
+        ("regexp", api.REGEXP_REQUIRED_MSG),
+        ("containerImage", api.MAPPING_IMAGE_REQUIRED_MSG),
+        ("containerImage", api.MAPPING_IMAGE_TAG_MSG),
+        ("build.dockerfileConfigMap.name", api.DOCKERFILE_CONFIGMAP_MSG),
+    ]:
+        assert f"{subject}: {message}" in messages, subject
+    assert api.IDS_BOTH_MSG in messages
+
+
+def test_admission_policy_checks_the_labelled_operator_namespace() -> None:
+    policy_doc, binding = admission_documents()
+    assert policy_doc["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Namespace"}
+    (validation,) = policy_doc["spec"]["validations"]
+    assert "params.metadata.name" in validation["expression"]
+    assert binding["spec"]["paramRef"]["selector"] == {
+        "matchLabels": {"kmodkit.io/operator-namespace": "true"}
+    }
