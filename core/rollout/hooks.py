@@ -56,7 +56,10 @@ class RolloutHooks(Protocol):
         Must be idempotent: after an operator crash it is called again for a node
         whose action may already have started or finished (create a Job with a
         deterministic name, delete a driver pod only while it is stale, ...).
-        Raising leaves the node in ``swapping`` to be retried on the next pass.
+        Raising leaves the node in ``swapping`` to be retried on the next pass, and
+        so does changing the Node object itself (the rollout's own write is guarded
+        by the resourceVersion it observed), after which the repeated call finds
+        nothing left to do.
         """
         ...
 

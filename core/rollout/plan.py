@@ -45,8 +45,6 @@ class Step:
     evict: tuple[PodView, ...] = ()
     swap: bool = False
     """Call the backend's swap hook before writing the patch."""
-    guarded: bool = True
-    """Write only if the node is unchanged since it was observed (resourceVersion)."""
 
     @property
     def moves(self) -> bool:
@@ -108,7 +106,6 @@ def _move(
     labels: Mapping[str, str | None] | None = None,
     annotations: Mapping[str, str | None] | None = None,
     unschedulable: bool | None = None,
-    guarded: bool = True,
     swap: bool = False,
 ) -> Step:
     keys = ctx.keys
@@ -122,7 +119,7 @@ def _move(
     lab: dict[str, str | None] = {keys.state: None if to is None else to.value}
     lab.update(labels or {})
     patch = NodePatch(labels=lab, annotations=ann, unschedulable=unschedulable)
-    return Step(view.name, view.state, to, reason, message, patch, guarded=guarded, swap=swap)
+    return Step(view.name, view.state, to, reason, message, patch, swap=swap)
 
 
 _ORDER = (
@@ -354,9 +351,10 @@ def _swap(view: NodeView, ctx: Context) -> Step:
             message=f"the backend could not start the change within {timeout}s; "
             "see the operator log",
         )
-    # The write follows the backend's swap, which may itself have changed the
-    # node, so it cannot be guarded by the resourceVersion observed before.
-    return _move(view, ctx, State.VALIDATING, swap=True, guarded=False)
+    # If the swap itself changed the node, the write (guarded by the node's
+    # observed resourceVersion) is refused; the next pass calls the idempotent
+    # swap again and then moves on. Never writing over a newer node is worth it.
+    return _move(view, ctx, State.VALIDATING, swap=True)
 
 
 def _finish(view: NodeView, ctx: Context) -> Step:

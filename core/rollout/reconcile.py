@@ -163,7 +163,7 @@ def _move(
         except Exception as err:
             run.error(f"swap({step.node})", err)
             return
-    body = apply.patch_body(step.patch, view.resource_version if step.guarded else None)
+    body = apply.patch_body(step.patch, view.resource_version)
     try:
         outcome = apply.patch_node(core, step.node, body)
     except Exception as err:

@@ -368,7 +368,6 @@ def test_a_slow_drain_fails_with_drain_timeout() -> None:
 def test_swapping_calls_the_backend_then_validates() -> None:
     step = only_step([node(state=State.SWAPPING, record=record())])
     assert step.swap and step.after is State.VALIDATING
-    assert not step.guarded
 
 
 def test_a_swap_that_cannot_start_in_time_fails() -> None:
