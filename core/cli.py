@@ -43,14 +43,42 @@ def main() -> None:
     default="",
     help="Comma-separated backends to enable; empty enables every installed one.",
 )
-def run(namespace: str, health_port: int, health_host: str, backends: str) -> None:
+@click.option(
+    "--metrics-port",
+    envvar="KMODKIT_METRICS_PORT",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Port of the Prometheus endpoint (/metrics), on the health address; 0 disables it "
+    "(the chart serves it on 8081).",
+)
+@click.option(
+    "--peering",
+    envvar="KMODKIT_PEERING",
+    default="",
+    help="ClusterKopfPeering object shared by replicas, so only one is active at a time; "
+    "empty runs standalone (a single replica).",
+)
+def run(
+    namespace: str,
+    health_port: int,
+    health_host: str,
+    backends: str,
+    metrics_port: int,
+    peering: str,
+) -> None:
     """Run the operator against the cluster of the current kubeconfig."""
     from core.runtime.operator import run_operator
 
     enabled = {b.strip() for b in backends.split(",") if b.strip()} or None
     raise SystemExit(
         run_operator(
-            namespace=namespace, health_host=health_host, health_port=health_port, enabled=enabled
+            namespace=namespace,
+            health_host=health_host,
+            health_port=health_port,
+            enabled=enabled,
+            peering=peering,
+            metrics_port=metrics_port,
         )
     )
 

@@ -20,6 +20,7 @@ from core import labels
 from core.backend import ClusterView, Obj, Plan, Resource
 from core.rollout.abandon import abandon
 from core.rollout.reconcile import reconcile as rollout_pass
+from core.runtime import metrics
 from core.runtime.loop import reconcile_loop
 from core.runtime.shared import Shared
 
@@ -37,6 +38,11 @@ def _identity(obj: Obj) -> tuple[str, str, str, str]:
         str(meta.get("namespace") or ""),
         str(meta.get("name")),
     )
+
+
+def _policy_name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
 
 
 class ResourceController:
@@ -131,7 +137,16 @@ class ResourceController:
                 owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
                 return self.reconcile(dict(body), watched, owned)
 
-            await reconcile_loop((*kind_key, uid), one_pass, stopped, wakeups, self.resync_seconds)
+            try:
+                await reconcile_loop(
+                    (*kind_key, uid),
+                    metrics.instrumented(self._id, one_pass),
+                    stopped,
+                    wakeups,
+                    self.resync_seconds,
+                )
+            finally:
+                metrics.forget(self._id, _policy_name(body))
 
         if self.resource.hooks is not None:
 
@@ -249,6 +264,10 @@ class ResourceController:
                 "namespace": str(meta.get("namespace") or ""),
                 "uid": str(meta.get("uid")),
             },
+        )
+        metrics.node_states(self._id, _policy_name(body), result.nodes_by_state)
+        metrics.rollout_pass(
+            self._id, result.transitions, result.evictions, result.evictions_blocked
         )
         if self.resource.rollout_status is not None:
             return dict(self.resource.rollout_status(status, result))

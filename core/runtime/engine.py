@@ -14,6 +14,7 @@ import base64
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from core.loader import (
 )
 from core.nodes import NodeView
 from core.registry import Answer, AnswerCache, Credentials, check, credentials_for
+from core.runtime import metrics
 from core.runtime.loop import reconcile_loop
 from core.runtime.shared import Shared
 from core.runtime.status import module_status
@@ -158,9 +160,16 @@ class Engine:
                     dict(body), list(pods_index.get(key, [])), list(jobs_index.get(key, []))
                 )
 
-            await reconcile_loop(
-                (PLURAL, *key), one_pass, stopped, wakeups, self.settings.resync_seconds
-            )
+            try:
+                await reconcile_loop(
+                    (PLURAL, *key),
+                    metrics.instrumented(PLURAL, one_pass),
+                    stopped,
+                    wakeups,
+                    self.settings.resync_seconds,
+                )
+            finally:
+                metrics.forget(PLURAL, f"{namespace}/{name}")
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
         def module_deleted(name: str, namespace: str | None, **kwargs: Any) -> None:
@@ -225,6 +234,7 @@ class Engine:
             pod["metadata"]["ownerReferences"] = [owner]
             self.kube.create(pod)
         self._label_nodes(final.node_labels, ns, name)
+        metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
         self._write_status(body, module_status(body, final))
         waiting = any(
             s.state in (ImageState.MISSING, ImageState.UNKNOWN) for s in builds.states.values()

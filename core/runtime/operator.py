@@ -8,12 +8,14 @@ any did not.
 from __future__ import annotations
 
 import logging
+import random
 import sys
 from typing import Any
 
 import kopf
 
 from core import labels
+from core.runtime import metrics
 from core.runtime.controller import ResourceController
 from core.runtime.engine import Engine, EngineSettings
 from core.runtime.kube import Kube
@@ -86,6 +88,18 @@ def backend_settings() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("KMODKIT_")}
 
 
+def _peering(name: str) -> dict[str, Any]:
+    """kopf's arguments for running alone, or as one of several replicas.
+
+    Peers in one ClusterKopfPeering pause while a peer of higher priority is
+    alive, and all pause on a tie; a random priority per process makes exactly
+    one replica active, and another takes over once its keep-alives stop.
+    """
+    if not name:
+        return {"standalone": True}
+    return {"peering_name": name, "priority": random.randint(1, 2**31 - 1)}
+
+
 def _api_client() -> Any:
     from kubernetes import client
     from kubernetes import config as kube_config
@@ -99,7 +113,12 @@ def _api_client() -> Any:
 
 
 def run_operator(
-    namespace: str, health_host: str, health_port: int, enabled: set[str] | None
+    namespace: str,
+    health_host: str,
+    health_port: int,
+    enabled: set[str] | None,
+    peering: str = "",
+    metrics_port: int = 0,
 ) -> int:
     json_logs = not sys.stderr.isatty()
     kopf.configure(
@@ -110,10 +129,12 @@ def run_operator(
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     found = discover(enabled)
     registry = build_registry(namespace, found, Kube(_api_client()))
+    metrics.register(registry)
+    metrics.serve(metrics_port, health_host)
     kopf.run(
         registry=registry,
         clusterwide=True,
-        standalone=True,
         liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
+        **_peering(peering),
     )
     return 0
