@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, procs
+from devcluster import build, cluster
 from devcluster import registry as devregistry
+from devcluster.operator import running_operator
 
 NAME = "demo"
 NS = "kmodkit-demo"
@@ -219,7 +217,6 @@ def main() -> int:
     c = cluster.up(NAME, nodes=args.nodes, profile="mixed")
     d = Demo(c)
     reg = devregistry.start(c.dir / "registry", "demo", secrets.token_urlsafe(12), pki_dir=c.pki)
-    operator = None
     stop = threading.Event()
     try:
         step("the simulated fleet: accelerators and kernels")
@@ -249,37 +246,18 @@ def main() -> int:
         d.core.create_namespaced_config_map(
             NS, {"metadata": {"name": "xe-build"}, "data": {"dockerfile": XE_DOCKERFILE}}
         )
-        port = procs.free_port()
         log = c.dir / "logs" / "operator.log"
-        with open(log, "w") as fh:
-            operator = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "kmodkit"),
-                    "run",
-                    "--health-host",
-                    "127.0.0.1",
-                    "--health-port",
-                    str(port),
-                ],
-                env=dict(
-                    os.environ,
-                    KUBECONFIG=str(c.kubeconfig),
-                    KMODKIT_REGISTRY_CA=str(c.pki / "ca.crt"),
-                ),
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
         print(f"    operator log: {log}")
         threading.Thread(target=play_builder, args=(d, reg, stop), daemon=True).start()
-        run_demo(d, reg, port)
-        operator.send_signal(signal.SIGTERM)
-        code = operator.wait(timeout=30)
+        with running_operator(
+            c.kubeconfig, log, KMODKIT_REGISTRY_CA=str(c.pki / "ca.crt")
+        ) as operator:
+            run_demo(d, reg, operator.port)
+            code = operator.stop()
         step(f"operator stopped cleanly (exit {code})")
         return 0 if code == 0 else 1
     finally:
         stop.set()
-        if operator is not None and operator.poll() is None:
-            operator.kill()
         if args.keep:
             print(
                 f"\ncluster left running: export KUBECONFIG={c.kubeconfig}; "

@@ -11,7 +11,6 @@ import base64
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +28,6 @@ GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 PUSHED, BUILT, UNMAPPED = "6.8.0-45-generic", "7.0.0-14-generic", "5.14.0-427.el9.x86_64"
 
 pytestmark = pytest.mark.cluster
-
-
-def push(reg: Registry, reference: str, _tmp: Path) -> None:
-    reg.push(reference)
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +107,15 @@ def _module(name: str, tag: str, reg: Registry, **container: Any) -> dict[str, A
 class Builder:
     """Plays kaniko: pushes the image a build Job names, once per Job."""
 
-    def __init__(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
+    def __init__(self, kube_api: Any, namespace: str, reg: Registry) -> None:
         self.built: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(kube_api, namespace, reg, tmp), daemon=True
+            target=self._run, args=(kube_api, namespace, reg), daemon=True
         )
         self._thread.start()
 
-    def _run(self, kube_api: Any, namespace: str, reg: Registry, tmp: Path) -> None:
+    def _run(self, kube_api: Any, namespace: str, reg: Registry) -> None:
         batch = client.BatchV1Api(kube_api)
         w = watch.Watch()
         for ev in w.stream(batch.list_namespaced_job, namespace, timeout_seconds=300):
@@ -129,7 +124,7 @@ class Builder:
             job = ev["object"]
             if ev["type"] == "ADDED":
                 image = job.metadata.annotations["kmodkit.io/image"]
-                push(reg, image, tmp)
+                reg.push(image)
                 self.built.append(image)
 
     def stop(self) -> None:
@@ -162,15 +157,14 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
     namespace: str,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, names = fleet
     _secret(kube_api, namespace, oci_registry)
     client.CoreV1Api(kube_api).create_namespaced_config_map(
         namespace, {"metadata": {"name": "xe-build"}, "data": {"dockerfile": "FROM scratch\n"}}
     )
-    push(oci_registry, f"{oci_registry.host}/kmods/xe:{PUSHED}", tmp_path)
-    builder = Builder(kube_api, namespace, oci_registry, tmp_path)
+    oci_registry.push(f"{oci_registry.host}/kmods/xe:{PUSHED}")
+    builder = Builder(kube_api, namespace, oci_registry)
     objs = client.CustomObjectsApi(kube_api)
     try:
         objs.create_namespaced_custom_object(
@@ -282,19 +276,50 @@ def _a_nodes(names: list[str]) -> list[str]:
     return [n for n in names if "-a-" in n]
 
 
+def _apply_simple(
+    kube_api: Any,
+    namespace: str,
+    reg: Registry,
+    tag: str,
+    name: str,
+    image: str,
+    pushed: bool = True,
+    **container: Any,
+) -> str:
+    """Create a one-mapping Module (its image pushed first unless ``pushed`` is False);
+    returns the Module's readiness label key."""
+    _secret(kube_api, namespace, reg)
+    if pushed:
+        reg.push(image)
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _simple_module(name, tag, reg, image, **container)
+    )
+    return f"kmm.node.kubernetes.io/{namespace}.{name}.ready"
+
+
+def _all_labelled(kube_api: Any, nodes: list[str], key: str) -> bool:
+    return all(key in _labels(kube_api, n) for n in nodes)
+
+
+def _delete_and_wait_unload(kube_api: Any, namespace: str, name: str) -> None:
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+
+
 def test_ordered_upgrade_reloads_only_the_labelled_node(
     operator: Operator,
     kube_api: Any,
     namespace: str,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, names = fleet
     a0, a1, a2 = _a_nodes(names)
     _secret(kube_api, namespace, oci_registry)
     for v in ("v1", "v2"):
-        push(oci_registry, f"{oci_registry.host}/kmods/ou:{v}", tmp_path)
+        oci_registry.push(f"{oci_registry.host}/kmods/ou:{v}")
     core = client.CoreV1Api(kube_api)
     want = f"kmm.node.kubernetes.io/version-module.{namespace}.ou"
     ready = f"kmm.node.kubernetes.io/{namespace}.ou.ready"
@@ -359,19 +384,14 @@ def test_spec_change_reloads_nodes_within_the_budget(
     namespace: str,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, names = fleet
     a_nodes = _a_nodes(names)
-    _secret(kube_api, namespace, oci_registry)
-    image = f"{oci_registry.host}/kmods/bud:1"
-    push(oci_registry, image, tmp_path)
-    ready = f"kmm.node.kubernetes.io/{namespace}.bud.ready"
-    objs = client.CustomObjectsApi(kube_api)
-    objs.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, _simple_module("bud", tag, oci_registry, image)
+    ready = _apply_simple(
+        kube_api, namespace, oci_registry, tag, "bud", f"{oci_registry.host}/kmods/bud:1"
     )
-    wait_until(lambda: all(ready in _labels(kube_api, n) for n in a_nodes), "initial load")
+    objs = client.CustomObjectsApi(kube_api)
+    wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "initial load")
     first = {n: p.metadata.uid for n, p in _pods(kube_api, namespace).items()}
 
     worst = [0]
@@ -411,8 +431,7 @@ def test_spec_change_reloads_nodes_within_the_budget(
         stop.set()
         watcher.join()
     assert worst[0] == 1  # one node at a time, never more
-    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bud")
-    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+    _delete_and_wait_unload(kube_api, namespace, "bud")
 
 
 def test_image_pushed_after_a_failed_check_is_found_by_a_forced_recheck(
@@ -421,16 +440,12 @@ def test_image_pushed_after_a_failed_check_is_found_by_a_forced_recheck(
     namespace: str,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, names = fleet
     a_nodes = _a_nodes(names)
-    _secret(kube_api, namespace, oci_registry)
     image = f"{oci_registry.host}/kmods/late:1"
+    ready = _apply_simple(kube_api, namespace, oci_registry, tag, "late", image, pushed=False)
     objs = client.CustomObjectsApi(kube_api)
-    objs.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, _simple_module("late", tag, oci_registry, image)
-    )
 
     def missing() -> bool:
         fails = _status(kube_api, namespace, "late").get("nodeFailures", [])
@@ -443,18 +458,16 @@ def test_image_pushed_after_a_failed_check_is_found_by_a_forced_recheck(
         if f["reason"] == "ImageMissing"
     )
     assert image in fail["message"] and "push it or add a build" in fail["message"]
-    push(oci_registry, image, tmp_path)
+    oci_registry.push(image)
     objs.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "late", {"spec": {"imageRebuildTriggerGeneration": 1}}
     )
-    ready = f"kmm.node.kubernetes.io/{namespace}.late.ready"
     wait_until(
-        lambda: all(ready in _labels(kube_api, n) for n in a_nodes),
+        lambda: _all_labelled(kube_api, a_nodes, ready),
         "the late image to load after the forced re-check",
         timeout=30,
     )
-    objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "late")
-    wait_until(lambda: not _pods(kube_api, namespace), "unload", timeout=60)
+    _delete_and_wait_unload(kube_api, namespace, "late")
 
 
 def _set_pod_ready(kube_api: Any, namespace: str, pod: str, ready: bool) -> None:
@@ -479,20 +492,14 @@ def test_readiness_label_follows_what_is_really_loaded(
     namespace: str,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     """After a reboot the agent's probe fails until the module is loaded again; the
     label must follow it, not a record of an earlier load."""
     tag, names = fleet
     a0 = _a_nodes(names)[0]
-    _secret(kube_api, namespace, oci_registry)
-    image = f"{oci_registry.host}/kmods/rb:1"
-    push(oci_registry, image, tmp_path)
-    objs = client.CustomObjectsApi(kube_api)
-    objs.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, _simple_module("rb", tag, oci_registry, image)
+    ready = _apply_simple(
+        kube_api, namespace, oci_registry, tag, "rb", f"{oci_registry.host}/kmods/rb:1"
     )
-    ready = f"kmm.node.kubernetes.io/{namespace}.rb.ready"
     wait_until(lambda: ready in _labels(kube_api, a0), "initial load")
     pod = _pods(kube_api, namespace)[a0].metadata.name
     _set_pod_ready(kube_api, namespace, pod, False)
@@ -513,21 +520,14 @@ def test_deleting_the_namespace_of_a_module_never_deadlocks(
     kube_api: Any,
     oci_registry: Registry,
     fleet: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, names = fleet
     core = client.CoreV1Api(kube_api)
     ns = f"t-gone-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
-    _secret(kube_api, ns, oci_registry)
-    image = f"{oci_registry.host}/kmods/ns:1"
-    push(oci_registry, image, tmp_path)
-    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
-        GROUP, VERSION, ns, PLURAL, _simple_module("nsd", tag, oci_registry, image)
-    )
-    ready = f"kmm.node.kubernetes.io/{ns}.nsd.ready"
+    ready = _apply_simple(kube_api, ns, oci_registry, tag, "nsd", f"{oci_registry.host}/kmods/ns:1")
     a_nodes = _a_nodes(names)
-    wait_until(lambda: all(ready in _labels(kube_api, n) for n in a_nodes), "load")
+    wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "load")
     core.delete_namespace(ns)
 
     def ns_gone() -> bool:

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,8 +11,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from devcluster import cluster as devcluster
-from devcluster import procs
 from devcluster.nodes import node_manifest
+from devcluster.operator import running_operator
 from tests.waiting import wait_until
 
 
@@ -288,38 +282,11 @@ def test_job_completes_and_a_simulated_failure_fails(kube_api: Any, namespace: s
     wait_until(lambda: finished("bad", "Failed"), "job bad to fail")
 
 
-def test_operator_runtime_starts_loads_backends_and_stops_cleanly(kubeconfig: str) -> None:
-    port = procs.free_port()
-    env = dict(os.environ, KUBECONFIG=kubeconfig)
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "kmodkit"),
-            "run",
-            "--health-host",
-            "127.0.0.1",
-            "--health-port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-
-        def health() -> dict[str, Any] | None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    return dict(json.loads(r.read()))
-            except OSError:
-                assert proc.poll() is None, f"operator exited: {proc.stdout.read()}"
-                return None
-
-        body = wait_until(health, "the operator's health endpoint", timeout=60)
+def test_operator_runtime_starts_loads_backends_and_stops_cleanly(
+    kubeconfig: str, tmp_path: Path
+) -> None:
+    with running_operator(kubeconfig, tmp_path / "operator.log") as op:
+        body = op.health()
+        assert body is not None
         assert body["backends"] == {"intel_xe": "running", "tenstorrent": "running"}
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert op.stop() == 0
