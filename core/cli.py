@@ -102,6 +102,12 @@ def crds(out: Path | None) -> None:
         click.echo(f"wrote {path}", err=True)
 
 
+class _InvalidInput(click.ClickException):
+    """Input kmodkit cannot use; exits 2 like ``validate``."""
+
+    exit_code = 2
+
+
 _FILE = click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=str)
 _NAMESPACE = click.option(
     "--namespace",
@@ -183,6 +189,71 @@ def preflight(file: str, kernels: tuple[str, ...], output: str, namespace: str) 
     else:
         print_preflight_table(module, results)
     raise SystemExit(0 if all(result.ok for result in results) else 1)
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "file",
+    type=_FILE,
+    required=True,
+    help="YAML file with the resource(s) to render ('-' for stdin).",
+)
+@click.option(
+    "--nodes",
+    "nodes_file",
+    type=_FILE,
+    help="YAML file with the Node objects to plan for (a List or documents).",
+)
+@click.option(
+    "--images-missing",
+    is_flag=True,
+    help="Take every Module image as missing, to show the build Jobs instead.",
+)
+@click.option(
+    "--operator-namespace",
+    default="kmodkit-system",
+    show_default=True,
+    help="Namespace the operator would create backend objects in.",
+)
+@click.option(
+    "-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True
+)
+@_NAMESPACE
+def render(
+    file: str,
+    nodes_file: str | None,
+    images_missing: bool,
+    operator_namespace: str,
+    output: str,
+    namespace: str,
+) -> None:
+    """Print the objects the operator would create for a resource, given those nodes.
+
+    Needs no cluster. JSON output is a list; YAML output is one document per object.
+    """
+    import yaml
+
+    from core.cli_support import load_objects
+    from core.render import RenderError, nodes_from
+    from core.render import render as render_objects
+
+    try:
+        nodes = (
+            nodes_from(obj for _, obj in load_objects(nodes_file, namespace)) if nodes_file else []
+        )
+        objects = [
+            o
+            for _, obj in load_objects(file, namespace)
+            for o in render_objects(obj, nodes, operator_namespace, images_missing)
+        ]
+    except (RenderError, ValueError) as err:
+        raise _InvalidInput(str(err)) from err
+    if output == "json":
+        click.echo(json.dumps(objects, indent=2))
+    else:
+        click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
 def _add_dev_group() -> None:
