@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from core.cli_backends import BACKENDS_OPTION, backends, enabled_backends
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -37,12 +39,7 @@ def main() -> None:
     show_default=True,
     help="Address the health endpoint listens on.",
 )
-@click.option(
-    "--backends",
-    envvar="KMODKIT_BACKENDS",
-    default="",
-    help="Comma-separated backends to enable; empty enables every installed one.",
-)
+@BACKENDS_OPTION
 @click.option(
     "--metrics-port",
     envvar="KMODKIT_METRICS_PORT",
@@ -70,13 +67,12 @@ def run(
     """Run the operator against the cluster of the current kubeconfig."""
     from core.runtime.operator import run_operator
 
-    enabled = {b.strip() for b in backends.split(",") if b.strip()} or None
     raise SystemExit(
         run_operator(
             namespace=namespace,
             health_host=health_host,
             health_port=health_port,
-            enabled=enabled,
+            enabled=enabled_backends(backends),
             peering=peering,
             metrics_port=metrics_port,
         )
@@ -89,16 +85,21 @@ def run(
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory to write one file per manifest into; without it, print them all.",
 )
-def crds(out: Path | None) -> None:
-    """Generate the CRDs (and their admission policy) from the API models."""
+@BACKENDS_OPTION
+def crds(out: Path | None, backends: str) -> None:
+    """Generate the CRDs (and their admission policy) of the Module and the enabled backends."""
     from core import crdgen
+    from core.cli_backends import report_failures
+    from core.runtime.plugins import discover
 
+    enabled = enabled_backends(backends)
+    report_failures(discover(enabled))
     if out is None:
         click.echo(
-            crdgen.to_yaml(d for docs in crdgen.generated_documents().values() for d in docs)
+            crdgen.to_yaml(d for docs in crdgen.generated_documents(enabled).values() for d in docs)
         )
         return
-    for path in crdgen.write_files(out):
+    for path in crdgen.write_files(out, enabled):
         click.echo(f"wrote {path}", err=True)
 
 
@@ -254,6 +255,9 @@ def render(
         click.echo(json.dumps(objects, indent=2))
     else:
         click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+main.add_command(backends)
 
 
 def _add_dev_group() -> None:

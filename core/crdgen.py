@@ -309,16 +309,16 @@ def to_yaml(documents: Iterable[Mapping[str, Any]]) -> str:
     )
 
 
-def generated_files() -> dict[str, str]:
-    """Every generated file's text, by file name."""
-    return {name: HEADER + to_yaml(docs) for name, docs in generated_documents().items()}
+def generated_files(enabled: Iterable[str] | None = None) -> dict[str, str]:
+    """Every generated file's text, by file name (``enabled`` limits the backends)."""
+    return {name: HEADER + to_yaml(docs) for name, docs in generated_documents(enabled).items()}
 
 
-def write_files(out_dir: Path) -> list[Path]:
+def write_files(out_dir: Path, enabled: Iterable[str] | None = None) -> list[Path]:
     """Write every generated file into ``out_dir``; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in generated_files().items():
+    for name, text in generated_files(enabled).items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8")
         written.append(path)
