@@ -68,7 +68,7 @@ def _print_table(found: list[Discovered]) -> None:
         table.add_row(
             d.name,
             d.backend.version if d.backend else "-",
-            "\n".join(f"{r.crd.kind}.{r.crd.group}" for r in resources) or "-",
+            ", ".join(r.crd.kind for r in resources) or "-",
             "yes" if d.enabled else "no",
             # Text, not markup: errors quote code and paths with brackets.
             Text(d.error or "", style="red"),

@@ -1,0 +1,29 @@
+"""An out-of-tree kmodkit backend for the (made-up) Acme NPU.
+
+Installed next to kmodkit, it is found through the ``kmodkit.backends`` entry
+point in its pyproject.toml; ``kmodkit crds`` then prints its CRD and
+``kmodkit run`` serves it. See docs/writing-a-backend.md.
+"""
+
+from core.api import API_VERSION as MODULE_API_VERSION
+from core.backend import CONTRACT_VERSION, Backend, OwnedKind, Resource
+from kmodkit_example.api import CRD, AcmeDriver
+from kmodkit_example.plan import plan
+
+backend = Backend(
+    name="example",
+    version="0.1.0",
+    contract=CONTRACT_VERSION,
+    description="Acme NPU driver and device plugin (example out-of-tree backend)",
+    resources=(
+        Resource(
+            crd=CRD,
+            model=AcmeDriver,
+            plan=plan,
+            owns=(
+                OwnedKind(MODULE_API_VERSION, "Module", "modules"),
+                OwnedKind("apps/v1", "DaemonSet", "daemonsets"),
+            ),
+        ),
+    ),
+)
