@@ -11,6 +11,7 @@ from backends.intel_xe.claims import CLAIMS
 from backends.intel_xe.crd import CRD, admission_documents
 from backends.intel_xe.plan import plan
 from backends.intel_xe.rules import validate_cluster_policy
+from backends.intel_xe.xpu_manager import ADMIN_NAMESPACES
 from core.api import API_VERSION, KMM_API_VERSION
 from core.backend import CONTRACT_VERSION, Backend, OwnedKind, Resource
 
@@ -51,7 +52,7 @@ CLUSTER_POLICY = Resource(
     model=api.ClusterPolicy,
     plan=plan,
     owns=OWNS,
-    watches=(CLAIMS,),
+    watches=(CLAIMS, ADMIN_NAMESPACES),
     extra_documents=admission_documents,
     validate=validate_cluster_policy,
 )

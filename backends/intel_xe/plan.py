@@ -73,8 +73,19 @@ def _plan(
     errors: list[str] = []
     if spec.resource_registration == "dp":
         objects += device_plugin.manifests(ops)
-    if spec.resource_monitoring:
+    admin_namespaces = {
+        (n.get("metadata") or {}).get("name")
+        for n in view.watched.get(xpu_manager.ADMIN_NAMESPACES.name, ())
+    }
+    xpu_planned = spec.resource_monitoring and (not dra_planned or namespace in admin_namespaces)
+    if xpu_planned:
         objects += xpu_manager.manifests(ops, dra_claims=dra_planned)
+    elif spec.resource_monitoring:
+        errors.append(
+            xpu_manager.ADMIN_ACCESS_MISSING.format(
+                label=xpu_manager.ADMIN_ACCESS_LABEL, namespace=namespace
+            )
+        )
     if dra_planned:
         objects += dra_driver.manifests(ops)
     else:
@@ -108,9 +119,7 @@ def _plan(
         "draStatus": daemon_set_status(
             view.owned, dra_driver.name(name), dra_planned or bool(_dra_objects(name, objects))
         ),
-        "xpuManagerStatus": daemon_set_status(
-            view.owned, xpu_manager.name(name), spec.resource_monitoring
-        ),
+        "xpuManagerStatus": daemon_set_status(view.owned, xpu_manager.name(name), xpu_planned),
         "kmmStatus": module.kmm_status,
     }
     shown = bounded(errors)

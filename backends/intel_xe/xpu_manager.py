@@ -16,11 +16,26 @@ from backends.intel_xe import settings as keys
 from backends.intel_xe.claims import DRIVER
 from backends.intel_xe.dra_driver import DEVICE_CLASS
 from backends.intel_xe.operand import Operands, host_path
+from core.backend import Watch
 
 APP = "intel-xpumanager"
 CONFIG_KEY = "config.yaml"
 HASH_ANNOTATION = "gpu.intel.com/xpum-otel-config-hash"
 _LOG_LEVELS = ("error", "warn", "info", "debug")
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+ADMIN_NAMESPACES = Watch(
+    name="admin-access-namespaces",
+    group="",
+    version="v1",
+    plural="namespaces",
+    labels={ADMIN_ACCESS_LABEL: "true"},
+)
+"""Namespaces where DRA grants admin access: XPU Manager's claim needs the operator's among them."""
+ADMIN_ACCESS_MISSING = (
+    "XPU Manager is not deployed: in dra mode it watches every GPU through an admin-access "
+    "ResourceClaim, which needs the label {label}=true on the operator namespace {namespace}; "
+    "label the namespace"
+)
 
 
 def name(policy: str) -> str:

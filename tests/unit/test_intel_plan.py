@@ -45,13 +45,15 @@ def view(
     groups: frozenset[str] = frozenset(),
     owned: list[Obj] | None = None,
     claims: list[Obj] | None = None,
+    admin_access: bool = True,
     **settings: str,
 ) -> ClusterView:
+    namespaces = [{"metadata": {"name": NS}}] if admin_access else []
     return ClusterView(
         nodes=[],
         api_groups=groups,
         operator_namespace=NS,
-        watched={"resourceclaims": claims or []},
+        watched={"resourceclaims": claims or [], "admin-access-namespaces": namespaces},
         owned=owned or [],
         settings=settings,
     )
@@ -376,6 +378,15 @@ def test_dra_mode_objects() -> None:
         "gpu.intel.com/xpum-otel-config-hash" in xpu["spec"]["template"]["metadata"]["annotations"]
     )
     assert p.status["devicePluginStatus"] == "N/A"
+
+
+def test_xpu_manager_in_dra_mode_needs_admin_access_on_the_namespace() -> None:
+    p = plan(body(resourceRegistration="dra", resourceMonitoring=True), view(admin_access=False))
+    assert not [o for o in p.objects if o["metadata"]["name"].startswith("gpu-policy-xpu")]
+    assert p.status["xpuManagerStatus"] == "N/A"
+    assert "resource.kubernetes.io/admin-access=true" in p.status["errors"][0]
+    dp_mode = plan(body(resourceMonitoring=True), view(admin_access=False))
+    assert dp_mode.status["errors"] == []
 
 
 def test_xpu_manager_in_dp_mode_requests_the_monitoring_resource() -> None:

@@ -34,7 +34,10 @@ def test_sample_policy_builds_with_the_sample_configmap() -> None:
     policy = yaml.safe_load((SAMPLES / "clusterpolicy-ubuntu26.04.yaml").read_text())
     configmap = yaml.safe_load(build_configmap.SAMPLE.read_text())
     view = ClusterView(
-        nodes=[], api_groups=frozenset(), operator_namespace="kmodkit-system", watched={}
+        nodes=[],
+        api_groups=frozenset(),
+        operator_namespace="kmodkit-system",
+        watched={"admin-access-namespaces": [{"metadata": {"name": "kmodkit-system"}}]},
     )
     p = plan({**policy, "metadata": {**policy["metadata"], "uid": "u"}}, view)
     (module,) = [o for o in p.objects if o["kind"] == "Module"]
