@@ -41,6 +41,9 @@ test: devcluster-bin lint
 demo: setup
 	@$(BIN)/python -m devcluster.demo
 
+bench: devcluster-bin
+	@$(BIN)/python -m tests.bench.run
+
 crds: setup
 	@$(BIN)/kmodkit crds --out crds
 
