@@ -60,7 +60,7 @@ class DriverDrain(KubeModel):
     """Also evict pods no controller owns (they are not recreated)."""
     delete_empty_dir: bool = True
     """Pass 2 also evicts pods with emptyDir volumes (their data is lost)."""
-    timeout_seconds: int = Field(default=600, ge=30)
+    timeout_seconds: int = Field(default=600, ge=10)
     """Fail the node when pods are still there this long after each drain pass started."""
 
     @field_validator("pod_selector_label")

@@ -57,7 +57,7 @@ class FirmwareDrain(KubeModel):
     delete_empty_dir: bool = True
     """Accepted for upstream manifests. Device holders are always evicted, emptyDir or not:
     flashing under a pod that holds the device would break both."""
-    timeout_seconds: int = Field(default=600, ge=30)
+    timeout_seconds: int = Field(default=600, ge=10)
     """Fail the node when device holders are still there this long after eviction started."""
 
 

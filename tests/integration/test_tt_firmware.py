@@ -1,0 +1,253 @@
+"""The Tenstorrent firmware policy on a real control plane, with the real operator process.
+
+kwok completes flash Job pods; a pod labelled kmodkit.io/simulate=fail fails
+and one labelled simulate=hang never finishes (the Job's deadline fails it).
+Checks: at most maxParallel nodes in flight, one Job per (policy, node,
+version), nodes remember what they run (deleting the Jobs flashes nothing
+again), forceWrite re-flashes exactly once, a failed flash halts the rollout,
+a hung flash fails at flashTimeoutSeconds, and the seeds' manifests apply.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.integration.test_tt_support import (
+    DRIVER,
+    FIRMWARE,
+    Poller,
+    add_fleet,
+    create_policy,
+    delete_nodes,
+    delete_policy,
+    patch_policy,
+    status,
+    tt_operator,
+)
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.cluster
+
+FLASH_SELECTOR = "app.kubernetes.io/name=tt-flasher"
+CURRENT = "firmware.tenstorrent.com/current-version"
+
+
+def _policy(name: str, tag: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": {"name": name},
+        "spec": {"version": "19.9.0", "nodeAffinity": {"matchLabels": {"ttf-test": tag}}, **spec},
+    }
+
+
+@pytest.fixture(scope="module")
+def env(
+    dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttf")) as (_, namespace):
+        yield namespace, uuid.uuid4().hex[:6]
+
+
+def _jobs(kube_api: Any, namespace: str, policy: str) -> list[Any]:
+    return (
+        client.BatchV1Api(kube_api)
+        .list_namespaced_job(namespace, label_selector=f"firmware.tenstorrent.com/cr={policy}")
+        .items
+    )
+
+
+def _states(kube_api: Any, policy: str) -> dict[str, tuple[str, str]]:
+    return {
+        n["name"]: (n["state"], n["reason"])
+        for n in status(kube_api, FIRMWARE, policy).get("nodes", [])
+    }
+
+
+def test_max_parallel_durable_done_and_force_write_once(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    namespace, tag = env
+    nodes = [f"ttf-{tag}-{i}" for i in range(4)]
+    policy = f"fw-{tag}"
+    add_fleet(dev_cluster, kube_api, nodes, {"ttf-test": tag})
+    core = client.CoreV1Api(kube_api)
+    seen = {"max": 0}
+
+    def tick() -> None:
+        cordoned = [
+            n
+            for n in core.list_node(label_selector=f"ttf-test={tag}").items
+            if n.spec.unschedulable
+        ]
+        seen["max"] = max(seen["max"], len(cordoned))
+
+    watcher = Poller(tick, 0.1)
+    try:
+        create_policy(kube_api, FIRMWARE, _policy(policy, tag, upgradePolicy={"maxParallel": 2}))
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("summary", {}).get("upToDate") == 4,
+            "every node flashed",
+            timeout=120,
+        )
+        wait_until(
+            lambda: (
+                not any(
+                    n.spec.unschedulable
+                    for n in core.list_node(label_selector=f"ttf-test={tag}").items
+                )
+            ),
+            "nodes uncordoned",
+        )
+        watcher.stop()
+        assert not watcher.errors
+        assert 1 <= seen["max"] <= 2
+        assert all(core.read_node(n).metadata.annotations[CURRENT] == "19.9.0.0" for n in nodes)
+        jobs = _jobs(kube_api, namespace, policy)
+        assert len(jobs) == 4
+        assert {j.spec.active_deadline_seconds for j in jobs} == {900}
+        s = status(kube_api, FIRMWARE, policy)
+        assert {c["type"]: c["reason"] for c in s["conditions"]}["Ready"] == "AllUpToDate"
+
+        # Finished Jobs go away (their TTL); the nodes remember: nothing is flashed again.
+        batch = client.BatchV1Api(kube_api)
+        for job in jobs:
+            batch.delete_namespaced_job(
+                job.metadata.name, namespace, propagation_policy="Background"
+            )
+        wait_until(lambda: not _jobs(kube_api, namespace, policy), "Jobs deleted")
+        patch_policy(kube_api, FIRMWARE, policy, {"spec": {"upgradePolicy": {"maxParallel": 3}}})
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("observedGeneration") == 2,
+            "the edit observed",
+        )
+        assert not _jobs(kube_api, namespace, policy)
+        assert status(kube_api, FIRMWARE, policy)["summary"]["upToDate"] == 4
+
+        # forceWrite re-flashes every node once, and only once.
+        patch_policy(kube_api, FIRMWARE, policy, {"spec": {"flasher": {"forceWrite": True}}})
+        wait_until(
+            lambda: len([j for j in _jobs(kube_api, namespace, policy) if j.status.succeeded]) == 4,
+            "four forced flashes",
+            timeout=120,
+        )
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy)["summary"]["upToDate"] == 4, "done again"
+        )
+        env_of = {
+            e.name: e.value
+            for e in _jobs(kube_api, namespace, policy)[0].spec.template.spec.containers[0].env
+        }
+        assert env_of["TT_FORCE_WRITE"] == "true"
+        assert env_of["HTTPS_PROXY"] == "http://proxy.example:3128"
+        names = {j.metadata.uid for j in _jobs(kube_api, namespace, policy)}
+        patch_policy(kube_api, FIRMWARE, policy, {"spec": {"upgradePolicy": {"maxParallel": 1}}})
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("observedGeneration") == 4,
+            "the edit observed",
+        )
+        assert {j.metadata.uid for j in _jobs(kube_api, namespace, policy)} == names
+    finally:
+        watcher.stop()
+        delete_policy(kube_api, FIRMWARE, policy)
+        delete_nodes(kube_api, nodes)
+
+
+def test_failed_flash_halts_and_hung_flash_times_out(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    namespace, tag = env
+    halt_nodes = [f"ttf-{tag}-h{i}" for i in range(3)]
+    hung_node = f"ttf-{tag}-t"
+    add_fleet(dev_cluster, kube_api, halt_nodes, {"ttf-test": f"{tag}-h"})
+    add_fleet(dev_cluster, kube_api, [hung_node], {"ttf-test": f"{tag}-t"})
+    halting, hung = f"fwh-{tag}", f"fwt-{tag}"
+    try:
+        create_policy(
+            kube_api,
+            FIRMWARE,
+            _policy(halting, f"{tag}-h", flasher={"podLabels": {"kmodkit.io/simulate": "fail"}}),
+        )
+        create_policy(
+            kube_api,
+            FIRMWARE,
+            _policy(
+                hung,
+                f"{tag}-t",
+                flasher={"podLabels": {"kmodkit.io/simulate": "hang"}},
+                upgradePolicy={"flashTimeoutSeconds": 60},
+            ),
+        )
+
+        failed = wait_until(
+            lambda: [n for n, (s, _) in _states(kube_api, halting).items() if s == "Failed"],
+            "a failed flash",
+            timeout=60,
+        )
+        assert len(failed) == 1
+        states = _states(kube_api, halting)
+        assert states[failed[0]][1] == "FlashJobFailed"
+        wait_until(
+            lambda: (
+                sorted(r for n, (_, r) in _states(kube_api, halting).items() if n != failed[0])
+                == ["RolloutHalted", "RolloutHalted"]
+            ),
+            "the other nodes halted",
+        )
+        s = status(kube_api, FIRMWARE, halting)
+        assert s["summary"]["failed"] == 1
+        conds = {c["type"]: c["reason"] for c in s["conditions"]}
+        assert conds == {"Ready": "NodesFailed", "Progressing": "Halted"}
+        assert len(_jobs(kube_api, namespace, halting)) == 1
+
+        entry = wait_until(
+            lambda: next(
+                (
+                    n
+                    for n in status(kube_api, FIRMWARE, hung).get("nodes", [])
+                    if n["state"] == "Failed"
+                ),
+                None,
+            ),
+            "the hung flash to time out",
+            timeout=120,
+        )
+        assert entry["reason"] == "FlashJobFailed"
+        assert "flashTimeoutSeconds (60s)" in entry["message"]
+    finally:
+        delete_policy(kube_api, FIRMWARE, halting)
+        delete_policy(kube_api, FIRMWARE, hung)
+        delete_nodes(kube_api, [*halt_nodes, hung_node])
+
+
+def test_the_guides_manifests_apply_unchanged(kube_api: Any, env: tuple[str, str]) -> None:
+    seed = Path(__file__).with_name("tt_seed_manifests.yaml")
+    import yaml
+
+    ttdp, ttfwp = list(yaml.safe_load_all(seed.read_text()))
+    try:
+        create_policy(kube_api, DRIVER, ttdp)
+        create_policy(kube_api, FIRMWARE, ttfwp)
+        # The guides' `kubectl patch` commands.
+        patch_policy(kube_api, DRIVER, "migration-test", {"spec": {"paused": False}})
+        patch_policy(kube_api, FIRMWARE, "default", {"spec": {"version": "19.9.0"}})
+        patch_policy(kube_api, FIRMWARE, "default", {"spec": {"flasher": {"forceWrite": True}}})
+        s = wait_until(
+            lambda: (
+                status(kube_api, DRIVER, "migration-test").get("conditions")
+                and status(kube_api, DRIVER, "migration-test")
+            ),
+            "the sample's status",
+        )
+        assert {c["type"]: c["reason"] for c in s["conditions"]}["Ready"] == "NoMatchingNodes"
+        obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(*DRIVER, "migration-test")
+        assert obj["spec"]["upgradePolicy"]["drain"]["fullNode"] is True
+    finally:
+        delete_policy(kube_api, DRIVER, "migration-test")
+        delete_policy(kube_api, FIRMWARE, "default")

@@ -1,0 +1,211 @@
+"""Shared pieces of the Tenstorrent integration tests: the operator, a fleet, a fake builder.
+
+No test lives here. On kwok nothing runs inside the pods, so ``FakeBuilder``
+plays the builder's node side: it labels each node as the real entrypoint does
+(install mode, loaded tt-kmd version, tt-smi version), and on the nodes the
+test says are held it reports the refused unload the way the real builder's
+container status does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devcluster import cluster as devcluster
+from devcluster.nodes import TENSTORRENT_LABELS, node_manifest
+from tests.integration.crds_util import install
+from tests.integration.operator_process import Operator, running_operator
+
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+DRIVER = ("driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies")
+FIRMWARE = ("firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies")
+BUILDER_SELECTOR = "app.kubernetes.io/name=tt-kmd-installer"
+KERNEL = "6.8.0-45-generic"
+
+
+@contextmanager
+def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple[Operator, str]]:
+    """The real operator, serving the Tenstorrent backend, with its own namespace."""
+    install(kube_api)
+    core = client.CoreV1Api(kube_api)
+    namespace = f"tt-op-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        with running_operator(
+            kubeconfig,
+            log_dir / "operator.log",
+            KMODKIT_NAMESPACE=namespace,
+            KMODKIT_BACKENDS="tenstorrent",
+            KMODKIT_TT_SERVICE_ACCOUNT="default",
+            KMODKIT_EXTRA_ENV_HTTPS_PROXY="http://proxy.example:3128",
+        ) as op:
+            yield op, namespace
+    finally:
+        core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def add_fleet(cluster: Any, kube_api: Any, names: list[str], extra: dict[str, str]) -> None:
+    devcluster.add_nodes(
+        cluster, [node_manifest(n, KERNEL, {**TENSTORRENT_LABELS, **extra}) for n in names]
+    )
+
+
+def delete_nodes(kube_api: Any, names: list[str]) -> None:
+    core = client.CoreV1Api(kube_api)
+    for name in names:
+        try:
+            core.delete_node(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def create_policy(kube_api: Any, kind: tuple[str, str, str], body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube_api).create_cluster_custom_object(*kind, body)
+
+
+def patch_policy(
+    kube_api: Any, kind: tuple[str, str, str], name: str, patch: dict[str, Any]
+) -> None:
+    client.CustomObjectsApi(kube_api).patch_cluster_custom_object(
+        *kind, name, patch, _content_type=MERGE
+    )
+
+
+def delete_policy(kube_api: Any, kind: tuple[str, str, str], name: str) -> None:
+    try:
+        client.CustomObjectsApi(kube_api).delete_cluster_custom_object(*kind, name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def status(kube_api: Any, kind: tuple[str, str, str], name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(*kind, name)
+    return dict(obj.get("status") or {})
+
+
+def node_labels(kube_api: Any, name: str) -> dict[str, str]:
+    return dict(client.CoreV1Api(kube_api).read_node(name).metadata.labels or {})
+
+
+def label_node(kube_api: Any, name: str, labels: dict[str, str | None]) -> None:
+    client.CoreV1Api(kube_api).patch_node(
+        name, {"metadata": {"labels": labels}}, _content_type=MERGE
+    )
+
+
+class Poller:
+    """Calls ``tick`` every ``interval`` seconds on a thread until stopped."""
+
+    def __init__(self, tick: Callable[[], None], interval: float = 0.2) -> None:
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    tick()
+                except Exception as err:  # a test thread must not die silently
+                    self.errors.append(err)
+                self._stop.wait(interval)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class FakeBuilder:
+    """Plays the builder entrypoint on kwok nodes.
+
+    ``dkms`` nodes have DKMS signals (labelled install-mode=host); on ``held`` nodes a process
+    keeps /dev/tenstorrent open, so a builder without forceUnload refuses the unload and its
+    container crash-loops with the holder named in its termination message.
+    """
+
+    def __init__(self, kube_api: Any, namespace: str) -> None:
+        self.dkms: set[str] = set()
+        self.held: set[str] = set()
+        self._core = client.CoreV1Api(kube_api)
+        self._namespace = namespace
+        self._done: set[str] = set()
+        self.poller = Poller(self._tick)
+
+    def _tick(self) -> None:
+        for pod in self._core.list_namespaced_pod(
+            self._namespace, label_selector=BUILDER_SELECTOR
+        ).items:
+            if pod.metadata.uid in self._done or pod.metadata.deletion_timestamp:
+                continue
+            if pod.status.phase != "Running" or not pod.spec.node_name:
+                continue
+            env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+            node = pod.spec.node_name
+            if node in self.dkms:
+                label_node(
+                    self._core.api_client, node, {"driver.tenstorrent.com/install-mode": "host"}
+                )
+            elif node in self.held and env.get("TT_FORCE_UNLOAD") != "true":
+                self._crash_loop(pod)
+            else:
+                label_node(
+                    self._core.api_client,
+                    node,
+                    {
+                        "driver.tenstorrent.com/install-mode": "container",
+                        "driver.tenstorrent.com/kmd-version": env["TT_KMD_VERSION"],
+                        "tt-smi.driver.tenstorrent.com/version": "5.2.0",
+                    },
+                )
+            self._done.add(pod.metadata.uid)
+
+    def _crash_loop(self, pod: Any) -> None:
+        refusal = {
+            "level": "error",
+            "event": "unload.refused",
+            "message": "tenstorrent is in use (refcnt 1); drain the node or set forceUnload",
+            "holders": [{"pid": 4242, "comm": "tt-smi"}],
+        }
+        container = pod.spec.containers[0]
+        self._core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            self._namespace,
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "False"},
+                        {"type": "ContainersReady", "status": "False"},
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": container.name,
+                            "image": container.image,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 3,
+                            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                            "lastState": {
+                                "terminated": {"exitCode": 3, "message": json.dumps(refusal)}
+                            },
+                        }
+                    ],
+                }
+            },
+            _content_type=STRATEGIC,
+        )
+
+    def stop(self) -> None:
+        self.poller.stop()
