@@ -19,12 +19,15 @@ BACKENDS_OPTION = click.option(
     "--backends",
     envvar="KMODKIT_BACKENDS",
     default="",
-    help="Comma-separated backends to enable; empty enables every installed one.",
+    help="Comma-separated backends to enable; empty enables every installed one, 'none' none "
+    "(only the built-in Module engine runs).",
 )
 
 
 def enabled_backends(value: str) -> set[str] | None:
     """The ``--backends`` value as a set of names; ``None`` (every backend) when empty."""
+    if value.strip() == "none":
+        return set()
     return {name.strip() for name in value.split(",") if name.strip()} or None
 
 

@@ -186,6 +186,12 @@ def test_crds_prints_only_the_enabled_backends_and_reports_broken_ones(installed
     assert "widgets" not in _run("crds", "--backends", "future").stdout
 
 
+def test_none_enables_no_backend(installed: None) -> None:
+    result = _run("backends", "-o", "json", env={"KMODKIT_BACKENDS": "none"})
+    assert result.exit_code == 0, result.output
+    assert [b["enabled"] for b in json.loads(result.stdout)] == [False, False, False]
+
+
 def test_crds_out_writes_the_enabled_backends_files(installed: None, tmp_path: Any) -> None:
     result = _run("crds", "--out", str(tmp_path), "--backends", "good")
     assert result.exit_code == 0, result.output
