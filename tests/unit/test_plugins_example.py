@@ -92,3 +92,12 @@ def test_status_counts_what_the_owned_objects_report(plan: PlanFn) -> None:
         "devicePluginPods": 2,
     }
     assert plan(DRIVER, _view()).status["readyNodes"] == 0
+
+
+def test_offline_validation_names_the_field(example: ModuleType) -> None:
+    (resource,) = example.backend.resources
+    assert resource.validate(DRIVER) == []
+    bad = {**DRIVER, "spec": {"image": "x", "nodeSelektor": {}}}
+    assert [(p.path, p.message) for p in resource.validate(bad)] == [
+        ("spec.nodeSelektor", "is not a known field; check its spelling and indentation")
+    ]

@@ -7,7 +7,7 @@ point in its pyproject.toml; ``kmodkit crds`` then prints its CRD and
 
 from core.api import API_VERSION as MODULE_API_VERSION
 from core.backend import CONTRACT_VERSION, Backend, OwnedKind, Resource
-from kmodkit_example.api import CRD, AcmeDriver
+from kmodkit_example.api import CRD, AcmeDriver, validate
 from kmodkit_example.plan import plan
 
 backend = Backend(
@@ -24,6 +24,7 @@ backend = Backend(
                 OwnedKind(MODULE_API_VERSION, "Module", "modules"),
                 OwnedKind("apps/v1", "DaemonSet", "daemonsets"),
             ),
+            validate=validate,
         ),
     ),
 )

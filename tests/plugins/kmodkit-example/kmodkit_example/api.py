@@ -6,11 +6,15 @@ a structural schema, and the plan reads objects through them.
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError
 
 from core.api.base import ImageRef, KubeModel, LabelSelector, ShortName, cel
 from core.api.common import ObjectMeta
 from core.crdgen import CrdSource, PrinterColumn
+from core.validation import Problem, schema_problems
 
 GROUP = "acme.example.com"
 VERSION = "v1alpha1"
@@ -75,3 +79,12 @@ CRD = CrdSource(
         ),
     ),
 )
+
+
+def validate(obj: Mapping[str, Any]) -> list[Problem]:
+    """Offline checks for ``kmodkit validate``: the schema the CRD enforces."""
+    try:
+        AcmeDriver.model_validate(obj)
+    except ValidationError as err:
+        return schema_problems(err)
+    return []

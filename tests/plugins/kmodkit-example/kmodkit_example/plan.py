@@ -56,7 +56,8 @@ def device_plugin_manifest(
         "spec": {
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {"labels": pod_labels},
+                # A copy: a shared dict would print as a YAML anchor (kmodkit render).
+                "metadata": {"labels": dict(pod_labels)},
                 "spec": {
                     # The engine sets this label exactly while the driver is
                     # loaded on the node's running kernel.
