@@ -1,0 +1,286 @@
+"""The Helm chart with the real helm CLI: lint, schema, rendered RBAC, and a full
+install / test / upgrade / uninstall cycle on the devcluster.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from backends.tenstorrent.settings import TenstorrentSettings
+from core.runtime.plugins import discover
+from devcluster import build
+from devcluster.versions import KUBERNETES_VERSION
+from tests.waiting import wait_until
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
+DIGEST = "sha256:" + "ab" * 32
+
+
+class Helm:
+    """The real helm binary with its own config, cache and data directories."""
+
+    def __init__(self, home: Path, kubeconfig: str | None = None) -> None:
+        build.ensure(["helm"])
+        self.binary = str(build.binary("helm"))
+        self.env = dict(
+            os.environ,
+            HELM_CONFIG_HOME=str(home / "cfg"),
+            HELM_CACHE_HOME=str(home / "cache"),
+            HELM_DATA_HOME=str(home / "data"),
+        )
+        if kubeconfig:
+            self.env["KUBECONFIG"] = kubeconfig
+
+    def run(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [self.binary, *args], env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if ok:
+            assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}{out.stdout}"
+        return out
+
+    def template(self, *sets: str) -> list[dict[str, Any]]:
+        out = self.run(
+            "template", "kmodkit", str(CHART), "--kube-version", KUBERNETES_VERSION, *sets
+        )
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture
+def helm(tmp_path: Path) -> Helm:
+    return Helm(tmp_path)
+
+
+def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    container = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def grants(role: dict[str, Any]) -> set[Grant]:
+    return {
+        (group, resource, verb)
+        for rule in role.get("rules") or []
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+# -- without a cluster ----------------------------------------------------------
+
+
+def test_lint_is_clean_for_the_defaults_and_every_switch(helm: Helm) -> None:
+    helm.run("lint", "--strict", str(CHART))
+    helm.run(
+        "lint",
+        "--strict",
+        str(CHART),
+        "--set",
+        "openshift.enabled=true,metrics.serviceMonitor.enabled=true,controller.replicas=2",
+        "--set",
+        "backends.intel_xe.enabled=false,backends.tenstorrent.enabled=false",
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["--set", "image.digest=latest"], "at '/image/digest'"),
+        (["--set", "controller.replicas=2,controller.peering=false"], "at '/controller/peering'"),
+        (["--set", "contoller.replicas=1"], "additional properties 'contoller' not allowed"),
+        (["--set", "controller.extraEnv.HTTPS_PROXY=1"], "at '/controller/extraEnv/HTTPS_PROXY'"),
+        (["--set", "namespace.podSecurity=open"], "at '/namespace/podSecurity'"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(
+    helm: Helm, sets: list[str], message: str
+) -> None:
+    out = helm.run("lint", str(CHART), *sets, ok=False)
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr
+
+
+def test_rbac_grants_what_each_enabled_backend_declares_and_nothing_wild(helm: Helm) -> None:
+    docs = helm.template()
+    cluster, namespaced = grants(_one(docs, "ClusterRole")), grants(_one(docs, "Role"))
+    for rule in [*_one(docs, "ClusterRole")["rules"], *_one(docs, "Role")["rules"]]:
+        assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
+    assert ("", "nodes", "patch") in cluster and ("", "nodes", "delete") not in cluster
+    assert {g for g in cluster if g[1] == "secrets"} == {("", "secrets", "get")}
+    for found in discover():
+        assert found.backend is not None, found.error
+        for resource in found.backend.resources:
+            crd = resource.crd
+            for verb in ("list", "watch", "patch"):
+                assert (crd.group, crd.plural, verb) in cluster, (found.name, crd.plural, verb)
+            assert (crd.group, f"{crd.plural}/status", "patch") in cluster
+            for w in resource.watches:
+                assert {(w.group, w.plural, "list"), (w.group, w.plural, "watch")} <= cluster
+            if resource.hooks is not None:
+                assert ("", "pods/eviction", "create") in cluster
+            for owned in resource.owns:
+                group = owned.api_version.rpartition("/")[0]
+                assert {(group, owned.plural, "list"), (group, owned.plural, "watch")} <= cluster
+                writes = cluster if not owned.namespaced else cluster | namespaced
+                for verb in ("create", "patch", "delete"):
+                    assert (group, owned.plural, verb) in writes, (found.name, owned.kind, verb)
+    assert _env(docs)["KMODKIT_BACKENDS"] == "intel_xe,tenstorrent"
+
+
+def test_a_disabled_backend_gets_no_permissions(helm: Helm) -> None:
+    docs = helm.template("--set", "backends.tenstorrent.enabled=false")
+    cluster = grants(_one(docs, "ClusterRole")) | grants(_one(docs, "Role"))
+    assert not {g for g in cluster if "tenstorrent" in g[0]}
+    assert ("", "pods/eviction", "create") not in cluster  # only rollouts evict
+    assert _env(docs)["KMODKIT_BACKENDS"] == "intel_xe"
+    only_engine = helm.template(
+        "--set", "backends.tenstorrent.enabled=false,backends.intel_xe.enabled=false"
+    )
+    assert not [d for d in only_engine if d["kind"] == "Role"]
+    assert _env(only_engine)["KMODKIT_BACKENDS"] == "none"
+
+
+def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> None:
+    docs = helm.template(
+        "--set-string",
+        "controller.extraEnv.HTTPS_PROXY=http://proxy:3128,controller.extraEnv.NO_PROXY=.svc",
+        "--set",
+        "controller.deployGates={example.com/deploy.a,example.com/deploy.b}",
+        "--set",
+        f"agent.image.digest={DIGEST},image.tag=1.2.3",
+    )
+    env = _env(docs)
+    tt = TenstorrentSettings.from_settings(env)
+    assert tt.env() == [
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+        {"name": "NO_PROXY", "value": ".svc"},
+    ]
+    assert tt.deploy_gates == ("example.com/deploy.a", "example.com/deploy.b")
+    assert tt.service_account == "kmodkit-agent"
+    assert env["KMODKIT_AGENT_IMAGE"] == f"ghcr.io/kmodkit/agent:0.1.0@{DIGEST}"
+    deployment = _one(docs, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2.3")
+    assert "KMODKIT_TT_DEPLOY_GATES" not in _env(helm.template())  # the backend's default
+
+
+def test_operator_pod_is_hardened(helm: Helm) -> None:
+    docs = helm.template()
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["limits"]["memory"]
+    namespace = _one(docs, "Namespace")["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
+    agent = [
+        d
+        for d in docs
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "kmodkit-agent"
+    ]
+    assert agent[0]["automountServiceAccountToken"] is False
+    assert not [d for d in docs if d["kind"] == "SecurityContextConstraints"]
+
+    openshift = helm.template("--set", "openshift.enabled=true")
+    scc = _one(openshift, "SecurityContextConstraints")
+    assert scc["users"] == ["system:serviceaccount:kmodkit-system:kmodkit-agent"]
+    pod = _one(openshift, "Deployment")["spec"]["template"]["spec"]
+    assert "runAsUser" not in pod["securityContext"]  # OpenShift assigns it
+
+
+# -- on the devcluster ----------------------------------------------------------
+
+
+@pytest.fixture
+def release(
+    kubeconfig: str, kube_api: Any, namespace: str, tmp_path: Path
+) -> Iterator[tuple[Helm, str, str]]:
+    """A release name and its own operator namespace; uninstalled if a test fails midway."""
+    helm = Helm(tmp_path, kubeconfig)
+    name = f"km-{uuid.uuid4().hex[:6]}"
+    yield helm, name, f"{name}-system"
+    helm.run("uninstall", name, "-n", namespace, "--wait", ok=False)
+
+
+def _replica_sets(kube_api: Any, ns: str) -> set[str]:
+    items = client.AppsV1Api(kube_api).list_namespaced_replica_set(ns).items
+    return {rs.metadata.name for rs in items}
+
+
+@pytest.mark.cluster
+def test_install_test_upgrade_and_uninstall(
+    release: tuple[Helm, str, str], kube_api: Any, namespace: str
+) -> None:
+    helm, name, ns = release
+    common = ["-n", namespace, "--set", f"namespace.name={ns}", "--wait", "--timeout", "120s"]
+    helm.run("install", name, str(CHART), *common)
+    apps = client.AppsV1Api(kube_api)
+    deployment = apps.read_namespaced_deployment(f"{name}-kmodkit", ns)
+    assert deployment.status.ready_replicas == 1
+    labels = client.CoreV1Api(kube_api).read_namespace(ns).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    helm.run("test", name, "-n", namespace, "--timeout", "120s")
+
+    first = _replica_sets(kube_api, ns)
+    helm.run(
+        "upgrade", name, str(CHART), *common,
+        "--set-string", "controller.extraEnv.HTTPS_PROXY=http://proxy.example:3128",
+    )  # fmt: skip
+    second = _replica_sets(kube_api, ns)
+    assert len(second - first) == 1, "a changed pod template rolls out a new ReplicaSet"
+    env = {
+        e.name: e.value
+        for e in apps.read_namespaced_deployment(f"{name}-kmodkit", ns)
+        .spec.template.spec.containers[0]
+        .env
+    }
+    assert env["KMODKIT_EXTRA_ENV_HTTPS_PROXY"] == "http://proxy.example:3128"
+    wait_until(
+        lambda: apps.read_namespaced_deployment(f"{name}-kmodkit", ns).status.updated_replicas == 1,
+        "the upgraded replica",
+    )
+
+    helm.run("uninstall", name, "-n", namespace, "--wait", "--timeout", "120s")
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    selector = f"app.kubernetes.io/instance={name}"
+    assert not rbac.list_cluster_role(label_selector=selector).items
+    assert not rbac.list_cluster_role_binding(label_selector=selector).items
+    objects = client.CustomObjectsApi(kube_api)
+    peerings = objects.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
+    assert name not in {p["metadata"]["name"] for p in peerings["items"]}
+
+    def namespace_gone() -> bool:
+        try:
+            client.CoreV1Api(kube_api).read_namespace(ns)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_until(namespace_gone, f"namespace {ns} (and everything in it) to be deleted", 90)
+    crds = client.ApiextensionsV1Api(kube_api)
+    for crd in ("modules.kmodkit.io", "clusterkopfpeerings.kopf.dev"):
+        assert crds.read_custom_resource_definition(crd).metadata.name == crd  # kept
