@@ -240,7 +240,10 @@ def plan(
         return out
 
     # Decide per node what it should run; updates are budgeted afterwards.
-    updates: list[tuple[NodeView, LoaderPod, dict[str, Any], ResolvedMapping]] = []
+    updates: list[tuple[NodeView, LoaderPod, ResolvedMapping]] = []
+    # Resolving and templating depend on the kernel only: once per kernel per pass.
+    resolutions: dict[str, ResolvedMapping | NoMatch | ResolveError] = {}
+    templates: dict[str, dict[str, Any]] = {}
     unavailable = 0
     for node in sorted(nodes, key=lambda n: n.name):
         pod = by_node.pop(node.name, None)
@@ -249,12 +252,18 @@ def plan(
         ):
             _retire(out, node, pod, ready_key, version_ready_key)
             continue
-        try:
-            resolved = resolve(module, node.kernel)
-        except ResolveError as err:
+        if node.kernel not in resolutions:
+            try:
+                resolutions[node.kernel] = resolve(module, node.kernel)
+            except ResolveError as err:
+                resolutions[node.kernel] = err
+        resolved = resolutions[node.kernel]
+        if isinstance(resolved, ResolveError):
             # Leave whatever runs there alone: a broken spec must not unload a node.
             out.outcomes.append(
-                NodeOutcome(node.name, Phase.FAILED, "InvalidMapping", str(err), err.mapping_index)
+                NodeOutcome(
+                    node.name, Phase.FAILED, "InvalidMapping", str(resolved), resolved.mapping_index
+                )
             )
             continue
         if isinstance(resolved, NoMatch):
@@ -283,8 +292,10 @@ def plan(
 
         out.needed_images.setdefault(resolved.container_image, resolved)
         out.nodes_by_image.setdefault(resolved.container_image, []).append(node)
-        desired = loader_pod(module, node, resolved, settings)
-        desired_hash = desired["metadata"]["annotations"][CONFIG_HASH]
+        if resolved.kernel not in templates:
+            templates[resolved.kernel] = pod_template(module, resolved, settings)
+        template = templates[resolved.kernel]
+        desired_hash = template["metadata"]["annotations"][CONFIG_HASH]
         image = images.get(resolved.container_image, ImageStatus(ImageState.UNKNOWN))
 
         if pod is not None and pod.deleting:
@@ -327,6 +338,7 @@ def plan(
                 unavailable += 1
             continue
         if pod is None:
+            desired = for_node(template, module, node)
             out.create.append(desired)
             unavailable += 1
             out.outcomes.append(
@@ -355,7 +367,7 @@ def plan(
                 )
             )
             continue
-        updates.append((node, pod, desired, resolved))
+        updates.append((node, pod, resolved))
 
     for pod in by_node.values():  # loader pods on nodes that no longer exist
         out.delete.append(pod.name)
@@ -365,7 +377,7 @@ def plan(
     )
     # Updates already under way (label gone) finish first and count first.
     updates.sort(key=lambda u: ready_key in u[0].labels)
-    for node, pod, _desired, resolved in updates:
+    for node, pod, resolved in updates:
         in_transition = ready_key not in node.labels
         if not in_transition and unavailable >= budget:
             _label_from_pod(out, node, pod, ready_key, version_ready_key)
@@ -523,11 +535,25 @@ def loader_pod(
     module: Module, node: NodeView, resolved: ResolvedMapping, settings: LoaderSettings
 ) -> dict[str, Any]:
     """The loader pod that keeps ``module`` loaded on ``node``."""
+    return for_node(pod_template(module, resolved, settings), module, node)
+
+
+def for_node(template: Mapping[str, Any], module: Module, node: NodeView) -> dict[str, Any]:
+    """A pod template (shared by every node of one kernel) bound to ``node``."""
+    meta = {**template["metadata"], "name": pod_name(module.metadata.name or "", node.name)}
+    return {**template, "metadata": meta, "spec": {**template["spec"], "nodeName": node.name}}
+
+
+def pod_template(
+    module: Module, resolved: ResolvedMapping, settings: LoaderSettings
+) -> dict[str, Any]:
+    """Everything of a loader pod but its node: the same for all nodes of one kernel,
+    so a pass over a large fleet builds (and hashes) it once per kernel."""
     ns, name = module.metadata.namespace or "", module.metadata.name or ""
     container = module.spec.module_loader.container
     modprobe = container.modprobe
     config = agent_config(module, resolved, settings)
-    kernel_dir = f"{modprobe.dir_name}/lib/modules/{node.kernel}"
+    kernel_dir = f"{modprobe.dir_name}/lib/modules/{resolved.kernel}"
     copy = [
         f"mkdir -p {STAGING}{modprobe.dir_name}/lib/modules",
         f"cp -R {kernel_dir} {STAGING}{modprobe.dir_name}/lib/modules/",
@@ -583,7 +609,6 @@ def loader_pod(
         else {"capabilities": {"add": ["SYS_MODULE"], "drop": ["ALL"]}, "runAsUser": 0}
     )
     spec: dict[str, Any] = {
-        "nodeName": node.name,
         "restartPolicy": "Always",
         "serviceAccountName": module.spec.module_loader.service_account_name or "default",
         "automountServiceAccountToken": False,
@@ -634,7 +659,6 @@ def loader_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(name, node.name),
             "namespace": ns,
             "labels": {
                 labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
@@ -642,11 +666,11 @@ def loader_pod(
                 MODULE_LABEL: name,
                 labels.MODULE_NAME_LABEL: name,
                 labels.ROLE_LABEL: labels.ROLE_MODULE_LOADER,
-                labels.TARGET_KERNEL_LABEL: dns_safe(node.kernel)[:63].strip("-."),
+                labels.TARGET_KERNEL_LABEL: dns_safe(resolved.kernel)[:63].strip("-."),
             },
             "annotations": {
                 CONFIG_HASH: digest[:32],
-                KERNEL: node.kernel,
+                KERNEL: resolved.kernel,
                 MODULE_VERSION: version,
                 AGENT_CONFIG: config_yaml,
             },
