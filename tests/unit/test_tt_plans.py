@@ -1,0 +1,266 @@
+"""The Tenstorrent plans, pure: from a policy and an observed cluster to objects, rollout, status."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from backends.tenstorrent import driver_plan, firmware_plan
+from backends.tenstorrent.builder_pods import builder_pod
+from backends.tenstorrent.driver_hooks import DriverTarget, needs_update, verdict
+from backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_flash
+from core.backend import ClusterView
+from core.nodes import NodeView
+from core.rollout.hooks import Pending, Validated
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+PCI = {"feature.node.kubernetes.io/pci-1200_1e52.present": "true"}
+
+
+def _node(name: str, **labels: str) -> NodeView:
+    return NodeView(name=name, labels={**PCI, "pool": "tt", **labels}, ready=True)
+
+
+def _ttdp(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "driver.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": {"name": "default", "generation": 3, "uid": "u"},
+        "spec": {"version": "2.9.0", "nodeAffinity": {"matchLabels": {"pool": "tt"}}, **spec},
+    }
+
+
+def _view(
+    nodes: list[NodeView], pods: list[dict[str, Any]] = (), owned: bool = True
+) -> ClusterView:  # type: ignore[assignment]
+    return ClusterView(
+        nodes=nodes,
+        api_groups=frozenset(),
+        operator_namespace="ops",
+        watched={driver_plan.BUILDERS: list(pods)},
+        owned=[
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ttdrv-default"}}
+        ]
+        if owned
+        else [],
+    )
+
+
+def _pod(
+    node: str, digest: str, version: str = "2.9.0", ready: bool = True, **status: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"ttdrv-default-{node}",
+            "namespace": "ops",
+            "labels": {"driver.tenstorrent.com/cr": "default"},
+            "annotations": {"driver.tenstorrent.com/template-hash": digest},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "builder", "env": [{"name": "TT_KMD_VERSION", "value": version}]}
+            ],
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            **status,
+        },
+    }
+
+
+def _digest() -> str:
+    plan = driver_plan.plan_at(_ttdp(), _view([]), NOW)
+    return str(plan.objects[0]["metadata"]["annotations"]["driver.tenstorrent.com/template-hash"])
+
+
+def _states(plan: Any) -> dict[str, tuple[str, str]]:
+    return {n["name"]: (n["state"], n["reason"]) for n in plan.status["nodes"]}
+
+
+def test_driver_status_per_node() -> None:
+    digest = _digest()
+    crash = {
+        "containerStatuses": [
+            {
+                "name": "builder",
+                "restartCount": 4,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {
+                    "terminated": {
+                        "message": '{"message": "in use", "holders": [{"pid": 7, "comm": "tt-smi"}]}'
+                    }
+                },
+            }
+        ]
+    }
+    nodes = [
+        _node(
+            "done",
+            **{
+                "driver.tenstorrent.com/kmd-version": "2.9.0",
+                "driver.tenstorrent.com/install-mode": "container",
+            },
+        ),
+        _node("host", **{"driver.tenstorrent.com/install-mode": "host"}),
+        _node("crash", **{"driver.tenstorrent.com/kmd-version": "2.8.0"}),
+        _node("old", **{"driver.tenstorrent.com/kmd-version": "2.8.0"}),
+        _node("draining", **{"rollout.kmodkit.io/ttdp.default": "evicting"}),
+        _node("skipped", **{"driver.tenstorrent.com/skip": "true"}),
+        NodeView(name="no-device", labels={"pool": "tt"}),
+    ]
+    pods = [
+        _pod("done", digest),
+        _pod("crash", digest, ready=False, **crash),
+        _pod("old", "0ld", version="2.8.0"),
+        _pod("draining", "0ld", version="2.8.0"),
+    ]
+    plan = driver_plan.plan_at(_ttdp(), _view(nodes, pods), NOW)
+    states = _states(plan)
+    assert "no-device" not in states
+    assert states == {
+        "done": ("Done", "Ready"),
+        "host": ("HostManaged", "HostManagedKMD"),
+        "crash": ("Failed", "BuilderCrashLoop"),
+        "old": ("Pending", "UpgradeRequired"),
+        "draining": ("Draining", "Draining"),
+        "skipped": ("Skipped", "Skipped"),
+    }
+    crash_entry = next(n for n in plan.status["nodes"] if n["name"] == "crash")
+    assert crash_entry["message"] == "in use [holders: pid 7 (tt-smi)]"
+    assert crash_entry["currentVersion"] == "2.8.0"
+    assert next(n["name"] for n in plan.status["nodes"]) == "crash", "failed nodes first"
+    summary = plan.status["summary"]
+    assert summary == {
+        "matched": 6,
+        "ready": 1,
+        "upToDate": 2,
+        "inProgress": 1,
+        "failed": 1,
+        "pending": 1,
+        "hostManaged": 1,
+        "skipped": 1,
+    }
+    assert plan.rollout is not None
+    assert plan.rollout.policy.max_parallel == 1
+    assert plan.rollout.policy.deploy_gates == {"tenstorrent.com/deploy.tt-telemetry": "false"}
+    assert sorted(plan.rollout.nodes) == sorted(states)
+
+
+def test_status_is_unchanged_when_nothing_changed() -> None:
+    nodes = [_node("a", **{"driver.tenstorrent.com/kmd-version": "2.9.0"})]
+    first = driver_plan.plan_at(_ttdp(), _view(nodes, [_pod("a", _digest())]), NOW)
+    body = {**_ttdp(), "status": first.status}
+    later = driver_plan.plan_at(
+        body, _view(nodes, [_pod("a", _digest())]), NOW + timedelta(hours=1)
+    )
+    assert later.status == first.status
+
+
+def test_paused_policy_starts_no_builder_until_unpaused() -> None:
+    paused = driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")], owned=False), NOW)
+    assert paused.objects == []
+    assert _states(paused) == {"a": ("Pending", "Paused")}
+    conditions = {c["type"]: c["reason"] for c in paused.status["conditions"]}
+    assert conditions["Progressing"] == "Paused"
+    assert len(driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")]), NOW).objects) == 1
+
+
+def test_drain_off_means_no_gates_and_no_eviction() -> None:
+    plan = driver_plan.plan_at(_ttdp(upgradePolicy={"drain": {"enable": False}}), _view([]), NOW)
+    assert plan.rollout is not None
+    assert plan.rollout.policy.deploy_gates == {}
+    assert plan.rollout.policy.drain.enable is False
+
+
+def test_invalid_spec_keeps_the_daemonset_and_says_why() -> None:
+    plan = driver_plan.plan_at(
+        _ttdp(upgradePolicy={"drain": {"podSelectorLabel": "a in b"}}), _view([]), NOW
+    )
+    assert plan.rollout is None
+    assert [o["metadata"]["name"] for o in plan.objects] == ["ttdrv-default"]
+    ready = next(c for c in plan.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec"
+    assert "spec.upgradePolicy.drain.podSelectorLabel" in ready["message"]
+
+
+def test_driver_needs_update_and_verdict() -> None:
+    target = DriverTarget("2.9.0", "new", force_unload=False, drain=True)
+    fresh = builder_pod(_pod("a", "new"))
+    stale = builder_pod(_pod("a", "old", version="2.8.0"))
+    assert needs_update({}, stale, target)
+    assert not needs_update({"driver.tenstorrent.com/install-mode": "host"}, stale, target)
+    assert not needs_update({}, None, target)
+    assert not needs_update({}, fresh, target)
+    assert isinstance(
+        verdict({"driver.tenstorrent.com/kmd-version": "2.9.0"}, fresh, target), Validated
+    )
+    assert isinstance(
+        verdict({"driver.tenstorrent.com/kmd-version": "2.8.0"}, fresh, target), Pending
+    )
+    assert isinstance(verdict({}, stale, target), Pending)
+    forced = DriverTarget("2.9.0", "new", force_unload=True, drain=True)
+    assert not needs_update({}, fresh, forced), "forceUnload alone does not roll a node"
+    assert isinstance(
+        verdict({"driver.tenstorrent.com/kmd-version": "2.9.0"}, fresh, forced), Pending
+    )
+
+
+def _ttfwp(
+    status: dict[str, Any] | None = None, generation: int = 1, **spec: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": {"name": "fw", "generation": generation},
+        "spec": {"version": "19.9.0", "nodeAffinity": {}, **spec},
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def test_force_write_request_is_the_generation_it_was_switched_on_at() -> None:
+    view = _view([_node("a")])
+    off = firmware_plan.plan_at(_ttfwp(generation=4), view, NOW)
+    assert off.status["forceWriteRequest"] == 0
+    on = firmware_plan.plan_at(_ttfwp(off.status, 5, flasher={"forceWrite": True}), view, NOW)
+    assert on.status["forceWriteRequest"] == 5
+    assert on.rollout is not None and on.rollout.target == "19.9.0/force-5"
+    edited = firmware_plan.plan_at(_ttfwp(on.status, 6, flasher={"forceWrite": True}), view, NOW)
+    assert edited.status["forceWriteRequest"] == 5
+
+
+def test_a_node_is_flashed_once_per_version_and_once_per_force_request() -> None:
+    target = FirmwareTarget("fw", "19.9.0.0", auto_upgrade=True, force_request=None)
+    assert needs_flash({}, target)
+    done = {"firmware.tenstorrent.com/current-version": "19.9.0.0"}
+    assert not needs_flash(done, target)
+    forced = FirmwareTarget("fw", "19.9.0.0", auto_upgrade=True, force_request=5)
+    assert needs_flash(done, forced)
+    assert not needs_flash({**done, "firmware.tenstorrent.com/force-written": "fw/5"}, forced)
+    assert not needs_flash({}, FirmwareTarget("fw", "19.9.0.0", False, None))
+
+
+def test_firmware_status_per_node() -> None:
+    nodes = [
+        _node("done", **{"firmware.tenstorrent.com/fw-version": "19.9.0.0"}),
+        _node("old", **{"firmware.tenstorrent.com/fw-version": "19.8.0.0"}),
+        _node("flashing", **{"rollout.kmodkit.io/ttfwp.fw": "validating"}),
+        _node("failed", **{"rollout.kmodkit.io/ttfwp.fw": "failed"}),
+    ]
+    plan = firmware_plan.plan_at(_ttfwp(), _view(nodes), NOW)
+    assert _states(plan) == {
+        "done": ("Done", "FlashSucceeded"),
+        "old": ("Pending", "UpgradeRequired"),
+        "flashing": ("Flashing", "Flashing"),
+        "failed": ("Failed", "RolloutFailed"),
+    }
+    flashing = next(n for n in plan.status["nodes"] if n["name"] == "flashing")
+    assert flashing["lastFlashJob"].startswith("ttfwp-fw-flashing-19-9-0-")
+    conditions = {c["type"]: c["reason"] for c in plan.status["conditions"]}
+    assert conditions == {"Ready": "NodesFailed", "Progressing": "NodesUpgrading"}
+    drift = firmware_plan.plan_at(
+        _ttfwp(upgradePolicy={"autoUpgrade": False}), _view(nodes[:2]), NOW
+    )
+    assert _states(drift)["old"] == ("Pending", "AutoUpgradeDisabled")
