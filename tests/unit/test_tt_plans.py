@@ -1,7 +1,8 @@
-"""The Tenstorrent plans, pure: from a policy and an observed cluster to objects, rollout, status."""
+"""The Tenstorrent plans, pure: a policy and an observed cluster to objects, rollout, status."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -88,7 +89,9 @@ def test_driver_status_per_node() -> None:
                 "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                 "lastState": {
                     "terminated": {
-                        "message": '{"message": "in use", "holders": [{"pid": 7, "comm": "tt-smi"}]}'
+                        "message": json.dumps(
+                            {"message": "in use", "holders": [{"pid": 7, "comm": "tt-smi"}]}
+                        )
                     }
                 },
             }
