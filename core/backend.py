@@ -130,10 +130,13 @@ class Resource:
 
 @dataclass(frozen=True)
 class Backend:
-    """What a backend declares to the runtime."""
+    """What a backend declares to the runtime (docs/writing-a-backend.md)."""
 
     name: str
+    """The entry point's name, which configuration and health use."""
     version: str
     contract: int
+    """The contract version the backend was written for, as a literal in third-party code:
+    importing ``CONTRACT_VERSION`` would always match the running kmodkit's."""
     description: str = ""
     resources: tuple[Resource, ...] = field(default=())

@@ -6,14 +6,16 @@ point in its pyproject.toml; ``kmodkit crds`` then prints its CRD and
 """
 
 from core.api import API_VERSION as MODULE_API_VERSION
-from core.backend import CONTRACT_VERSION, Backend, OwnedKind, Resource
+from core.backend import Backend, OwnedKind, Resource
 from kmodkit_example.api import CRD, AcmeDriver, validate
 from kmodkit_example.plan import plan
 
 backend = Backend(
     name="example",
     version="0.1.0",
-    contract=CONTRACT_VERSION,
+    # The version this code was written for, as a literal: kmodkit's own
+    # CONTRACT_VERSION would always equal the running kmodkit's and defeat the check.
+    contract=1,
     description="Acme NPU driver and device plugin (example out-of-tree backend)",
     resources=(
         Resource(
