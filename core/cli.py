@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from core.cli_backends import BACKENDS_OPTION, backends, enabled_backends
 
 
@@ -258,6 +259,7 @@ def render(
 
 
 main.add_command(backends)
+main.add_command(tenstorrent_commands)
 
 
 def _add_dev_group() -> None:

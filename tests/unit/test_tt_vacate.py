@@ -1,0 +1,123 @@
+"""The DKMS vacate procedure, run for real with chroot on a host root made in a temp dir.
+
+The host's kmod and DKMS tools are shell-function fakes acting on that root (rmmod
+removes /sys/module/tenstorrent, modprobe -n finds .ko files), so the script's
+own logic runs unchanged: refuse while held, vacate, verify, and repeat safely.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.tenstorrent.vacate import SCRIPT, VACATED, vacate_pod
+
+KVER = "6.8.0-45-generic"
+FAKES = {
+    "uname": f"echo {KVER}",
+    "rmmod": 'rm -rf "/sys/module/$1"; echo "rmmod $*" >> /actions',
+    "depmod": 'echo "depmod $*" >> /actions',
+    "dkms": 'echo "dkms $*" >> /actions',
+    "modprobe": f'[ -n "$(find /lib/modules/{KVER} -name "$2.ko*")" ]',
+}
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("busybox") is None, reason="needs root and busybox"
+)
+
+
+def _host(tmp_path: Path, loaded: bool = True, dkms: bool = True, holder: bool = False) -> Path:
+    root = tmp_path / "host"
+    (root / "bin").mkdir(parents=True)
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    shutil.copy(busybox, root / "bin" / "busybox")
+    for tool in ("sh", "cat", "readlink", "find", "rm", "echo", "["):
+        (root / "bin" / tool).symlink_to("busybox")
+    modules = root / "lib" / "modules" / KVER
+    (modules / "updates" / "dkms").mkdir(parents=True)
+    if loaded:
+        module = root / "sys" / "module" / "tenstorrent"
+        module.mkdir(parents=True)
+        (module / "refcnt").write_text("1\n" if holder else "0\n")
+        (module / "version").write_text("2.8.0\n")
+    if dkms:
+        (root / "var" / "lib" / "dkms" / "tenstorrent" / "2.8.0").mkdir(parents=True)
+        (root / "usr" / "src" / "tenstorrent-2.8.0").mkdir(parents=True)
+        (root / "usr" / "src" / "tenstorrent-2.8.0" / "dkms.conf").write_text("")
+        (modules / "updates" / "dkms" / "tenstorrent.ko.zst").write_text("")
+    (root / "dev" / "tenstorrent").mkdir(parents=True)
+    (root / "proc" / "4242" / "fd").mkdir(parents=True)
+    (root / "proc" / "4242" / "comm").write_text("tt-smi\n")
+    if holder:
+        (root / "proc" / "4242" / "fd" / "3").symlink_to("/dev/tenstorrent/0")
+    return root
+
+
+def _run(root: Path, **fakes: str) -> subprocess.CompletedProcess[str]:
+    # Shell functions win over busybox's built-in applets, so the fakes stand in for the
+    # host's tools while the script itself runs unchanged.
+    tools = "\n".join(f"{name}() {{ {body}; }}" for name, body in {**FAKES, **fakes}.items())
+    return subprocess.run(
+        [shutil.which("chroot") or "chroot", str(root), "/bin/sh", "-c", tools + "\n" + SCRIPT],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/bin"},
+        check=False,
+    )
+
+
+def test_vacates_a_dkms_host_and_says_what_it_did(tmp_path: Path) -> None:
+    root = _host(tmp_path)
+    run = _run(root)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "found: tenstorrent loaded, version 2.8.0, refcnt 0" in out
+    assert "did: rmmod tenstorrent" in out
+    assert "did: rm -rf /var/lib/dkms/tenstorrent" in out
+    assert "did: rm -rf /usr/src/tenstorrent-2.8.0" in out
+    assert f"did: rm /lib/modules/{KVER}/updates/dkms/tenstorrent.ko.zst" in out
+    assert f"did: depmod -a {KVER}" in out
+    assert out.rstrip().endswith(VACATED)
+    assert not (root / "var" / "lib" / "dkms" / "tenstorrent").exists()
+    assert "dkms remove tenstorrent --all" in (root / "actions").read_text()
+
+    again = _run(root)
+    assert again.returncode == 0
+    assert "did:" not in again.stdout, "a clean host is left alone"
+    assert again.stdout.rstrip().endswith(VACATED)
+
+
+def test_refuses_while_the_device_is_held_and_changes_nothing(tmp_path: Path) -> None:
+    root = _host(tmp_path, holder=True)
+    run = _run(root)
+    assert run.returncode == 3
+    assert "found: pid 4242 (tt-smi) holds /dev/tenstorrent/0" in run.stdout
+    assert "refused: /dev/tenstorrent is in use" in run.stdout
+    assert (root / "sys" / "module" / "tenstorrent").exists()
+    assert (root / "var" / "lib" / "dkms" / "tenstorrent").exists()
+    assert not (root / "actions").exists()
+
+
+def test_reports_what_it_could_not_remove(tmp_path: Path) -> None:
+    root = _host(tmp_path, loaded=False, dkms=False)
+    stray = root / "opt" / "tenstorrent.ko"
+    stray.parent.mkdir()
+    stray.write_text("")
+    run = _run(root, modprobe="return 0")
+    assert run.returncode == 1
+    assert "not vacated: modprobe still finds tenstorrent" in run.stdout
+
+
+def test_the_pod_runs_pinned_privileged_with_the_host_root() -> None:
+    pod = vacate_pod("node-1", "ops", "busybox:1.36")
+    spec = pod["spec"]
+    assert spec["nodeName"] == "node-1" and spec["hostPID"] is True
+    assert spec["restartPolicy"] == "Never"
+    container = spec["containers"][0]
+    assert container["command"][:2] == ["chroot", "/host"]
+    assert container["securityContext"] == {"privileged": True}
