@@ -27,6 +27,7 @@ from devcluster.versions import CONTROL_PLANE
 
 Echo = Callable[[str], None]
 STAGES = Path(__file__).parent / "kwok" / "stages.yaml"
+AUDIT_POLICY = Path(__file__).parent / "audit-policy.yaml"
 # Processes in start order; stopped in reverse.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -191,6 +192,10 @@ def _argv(cluster: Cluster, component: str) -> list[str]:
             f"--service-account-key-file={pk / 'sa.key'}",
             f"--service-account-signing-key-file={pk / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16",
+            # Requests by service accounts, for tests that prove which permissions the
+            # operator's RBAC grants and which it really uses (tests/integration/test_rbac.py).
+            f"--audit-policy-file={AUDIT_POLICY}",
+            f"--audit-log-path={cluster.log('audit')}",
         ]
     if component == "kube-controller-manager":
         return [
