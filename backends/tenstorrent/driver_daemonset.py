@@ -103,16 +103,25 @@ def pod_template(
                         "timeoutSeconds": 5,
                         "failureThreshold": 3,
                     },
+                    # The agent reaches the host through /host; the kernel's build tree
+                    # and headers also sit at their own paths, because the build
+                    # symlinks in /lib/modules/<kernel>/build are absolute host paths.
                     "volumeMounts": [
                         {
                             "name": "host",
                             "mountPath": HOST_ROOT,
                             "mountPropagation": "HostToContainer",
-                        }
+                        },
+                        {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True},
+                        {"name": "usr-src", "mountPath": "/usr/src", "readOnly": True},
                     ],
                 }
             ],
-            "volumes": [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}],
+            "volumes": [
+                {"name": "host", "hostPath": {"path": "/", "type": "Directory"}},
+                {"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}},
+                {"name": "usr-src", "hostPath": {"path": "/usr/src", "type": "Directory"}},
+            ],
         },
     }
 
