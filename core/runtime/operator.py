@@ -7,6 +7,7 @@ any did not.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import sys
@@ -39,9 +40,10 @@ def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     settings.networking.request_timeout = 60
 
 
-def build_registry(namespace: str, found: list[Discovered], kube: Kube) -> kopf.OperatorRegistry:
+def build_registry(
+    namespace: str, found: list[Discovered], shared: Shared
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    shared = Shared(kube, namespace, settings=backend_settings())
     shared.register(registry)
     Engine(shared, EngineSettings.from_env()).register(registry)
     for d in found:
@@ -128,13 +130,36 @@ def run_operator(
     # is noise. kmodkit logs what matters itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     found = discover(enabled)
-    registry = build_registry(namespace, found, Kube(_api_client()))
+    shared = Shared(Kube(_api_client()), namespace, settings=backend_settings())
+    registry = build_registry(namespace, found, shared)
     metrics.register(registry)
     metrics.serve(metrics_port, health_host)
-    kopf.run(
-        registry=registry,
-        clusterwide=True,
-        liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
-        **_peering(peering),
+    asyncio.run(
+        _serve(
+            shared,
+            registry=registry,
+            clusterwide=True,
+            liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
+            **_peering(peering),
+        )
     )
     return 0
+
+
+async def _serve(shared: Shared, **operator_args: Any) -> None:
+    """Run kopf; when a watched API disappears, start the watches afresh.
+
+    kopf ends the whole operator when a watch answers 404 — which is what
+    removing a CRD it watched (upstream KMM's, say) does. Every piece of
+    progress is in the cluster, so starting over in-process is safe and beats
+    a crash loop: the caches are dropped and refilled from fresh listings.
+    """
+    while True:
+        try:
+            await kopf.operator(**operator_args)
+            return
+        except Exception as err:  # kopf's APINotFoundError is not public
+            if getattr(err, "status", None) != 404:
+                raise
+            log.warning("a watched API went away (%s); restarting the watches", err)
+            shared.forget()

@@ -50,6 +50,12 @@ class Shared:
     """CRD name -> API group, for every CRD the apiserver has."""
     wakeups: Wakeups = field(default_factory=Wakeups)
 
+    def forget(self) -> None:
+        """Drop what the watches said; they list everything again on restart."""
+        self.nodes.clear()
+        self.raw_nodes.clear()
+        self.crd_groups.clear()
+
     @property
     def api_groups(self) -> frozenset[str]:
         return frozenset(self.crd_groups.values())
