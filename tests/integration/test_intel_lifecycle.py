@@ -1,0 +1,424 @@
+"""The ClusterPolicy's driver Module through its lifecycle, on kmodkit's built-in engine.
+
+A real operator (engine forced to ``builtin``), a real registry holding the
+driver images and kwok nodes: the Module is garbage-collected with its
+policy, an allocated GPU ResourceClaim holds it, a version switch between
+empty and set recreates it while a bump patches it, and the device plugin runs
+only where the engine has loaded the driver. None of this needs upstream
+KMM's schema; the one check that does is in tests/kmm (``make test-kmm``).
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devcluster import cluster as devcluster
+from devcluster.nodes import node_manifest
+from devcluster.registry import Registry
+from tests.integration.crds_util import install
+from tests.integration.operator_process import Operator, running_operator
+from tests.waiting import wait_until
+
+# Two kernels, so one node can have its driver image while the other has none.
+KERNELS = ("7.0.0-14-generic", "6.8.0-45-generic")
+CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
+GROUP, VERSION, MODULES = "kmodkit.io", "v1alpha1", "modules"
+DRIVER = "gpu.intel.com"
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
+    name = f"il-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace(
+        {"metadata": {"name": name, "labels": {"kmodkit.io/operator-namespace": "true"}}}
+    )
+    config = base64.b64encode(oci_registry.dockerconfigjson().encode()).decode()
+    core.create_namespaced_secret(
+        name,
+        {
+            "metadata": {"name": "pull"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": config},
+        },
+    )
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kube_api: Any,
+    kubeconfig: str,
+    operator_namespace: str,
+    oci_registry: Registry,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Operator]:
+    install(kube_api)
+    log = tmp_path_factory.mktemp("intel-lifecycle") / "operator.log"
+    with running_operator(
+        kubeconfig,
+        log,
+        KMODKIT_NAMESPACE=operator_namespace,
+        # The built-in engine whether or not KMM's API is served.
+        KMODKIT_INTEL_ENGINE="builtin",
+        KMODKIT_REGISTRY_CA=str(oci_registry.ca),
+        KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
+        # An image pushed during a test is found within seconds, not a minute.
+        KMODKIT_IMAGE_RECHECK_SECONDS="3",
+    ) as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
+    tag = uuid.uuid4().hex[:6]
+    names = [f"il-{tag}-{i}" for i in range(len(KERNELS))]
+    devcluster.add_nodes(
+        dev_cluster,
+        [node_manifest(n, k, {"intel-test": tag}) for n, k in zip(names, KERNELS, strict=True)],
+    )
+    yield tag, names
+    core = client.CoreV1Api(devcluster.api_client(dev_cluster))
+    for n in names:
+        core.delete_node(n)
+
+
+def _image(reg: Registry, policy: str) -> str:
+    return f"{reg.host}/kmods/xe-{policy}:$KERNEL_FULL_VERSION"
+
+
+def _policy(name: str, tag: str, reg: Registry, **kernel_module: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceRegistration": "dp",
+            "nodeSelector": {"intel-test": tag},
+            "pullSecret": {"name": "pull"},
+            "kernelModule": {
+                "kernelMappings": [
+                    {
+                        "regexp": "^(7[.]0[.]0|6[.]8[.]0)-.*-generic$",
+                        "containerImage": _image(reg, name),
+                    }
+                ],
+                **kernel_module,
+            },
+        },
+    }
+
+
+def _create(kube_api: Any, policy: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube_api).create_cluster_custom_object(
+        CP_GROUP, CP_VERSION, CP_PLURAL, policy
+    )
+
+
+def _modules(kube_api: Any, namespace: str) -> dict[str, dict[str, Any]]:
+    items = client.CustomObjectsApi(kube_api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, MODULES
+    )["items"]
+    return {m["metadata"]["name"]: m for m in items}
+
+
+def _status(kube_api: Any, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(
+        CP_GROUP, CP_VERSION, CP_PLURAL, name
+    )
+    return dict(obj.get("status") or {})
+
+
+def _patch_spec(kube_api: Any, name: str, patch: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube_api).patch_cluster_custom_object(
+        CP_GROUP, CP_VERSION, CP_PLURAL, name, {"spec": patch}
+    )
+
+
+def _plugin_nodes(kube_api: Any, namespace: str, policy: str) -> list[str]:
+    pods = client.CoreV1Api(kube_api).list_namespaced_pod(
+        namespace, label_selector=f"app=intel-gpu-plugin,owner={policy}"
+    )
+    return sorted(p.spec.node_name for p in pods.items if not p.metadata.deletion_timestamp)
+
+
+def _labels(kube_api: Any, node: str) -> dict[str, str]:
+    return dict(client.CoreV1Api(kube_api).read_node(node).metadata.labels or {})
+
+
+def test_deleting_the_policy_collects_its_module(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    tag, _ = gpu_nodes
+    name = f"gc{tag}"
+    _create(kube_api, _policy(name, tag, oci_registry))
+    try:
+        module = wait_until(
+            lambda: _modules(kube_api, operator_namespace).get(f"{name}-gpu"), "the Module"
+        )
+        (owner,) = module["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("ClusterPolicy", name, True)
+        assert wait_until(lambda: _status(kube_api, name).get("engine"), "status.engine") == (
+            "Builtin"
+        )
+    finally:
+        _delete_policy(kube_api, name)
+    # The controller-manager's garbage collector removes it, not the operator.
+    wait_until(
+        lambda: f"{name}-gpu" not in _modules(kube_api, operator_namespace),
+        "garbage collection of the Module",
+        timeout=90,
+    )
+
+
+def test_device_plugin_runs_only_where_the_driver_is_ready(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    tag, nodes = gpu_nodes
+    name = f"gate{tag}"
+    ready = f"kmm.node.kubernetes.io/{operator_namespace}.{name}-gpu.ready"
+    image = _image(oci_registry, name)
+    # The driver image exists for the first node's kernel only.
+    oci_registry.push(image.replace("$KERNEL_FULL_VERSION", KERNELS[0]))
+    _create(kube_api, _policy(name, tag, oci_registry))
+    try:
+        wait_until(
+            lambda: _status(kube_api, name).get("devicePluginStatus") == "1/1",
+            "the device plugin on the one node whose driver is loaded",
+            timeout=90,
+        )
+        assert ready in _labels(kube_api, nodes[0])
+        assert ready not in _labels(kube_api, nodes[1])
+        assert _plugin_nodes(kube_api, operator_namespace, name) == [nodes[0]]
+        ds = client.AppsV1Api(kube_api).read_namespaced_daemon_set(
+            f"{name}-device-plugin", operator_namespace
+        )
+        assert ds.spec.template.spec.node_selector[ready] == ""
+
+        # Once the second kernel's image appears the engine loads it there, and
+        # the device plugin follows the readiness label.
+        oci_registry.push(image.replace("$KERNEL_FULL_VERSION", KERNELS[1]))
+        status = wait_until(
+            lambda: (
+                (s := _status(kube_api, name)).get("devicePluginStatus") == "2/2"
+                and s.get("kmmStatus") == "2/2"
+                and s
+            ),
+            "the driver and the device plugin on both nodes",
+            timeout=90,
+        )
+        assert status["engine"] == "Builtin"
+        assert ready in _labels(kube_api, nodes[1])
+        assert _plugin_nodes(kube_api, operator_namespace, name) == sorted(nodes)
+    finally:
+        _delete_policy(kube_api, name)
+
+
+def test_version_switch_recreates_the_module_and_a_bump_patches_it(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    tag, _ = gpu_nodes
+    name = f"ver{tag}"
+    module_name = f"{name}-gpu"
+    _create(kube_api, _policy(name, tag, oci_registry))
+    try:
+        module = wait_until(
+            lambda: _modules(kube_api, operator_namespace).get(module_name), "the Module"
+        )
+        assert "version" not in module["spec"]["moduleLoader"]["container"]
+
+        # Switching version between empty and set recreates the Module ...
+        uid = module["metadata"]["uid"]
+        _patch_spec(kube_api, name, {"kernelModule": {"version": "v1"}})
+        recreated = wait_until(
+            lambda: (
+                (m := _modules(kube_api, operator_namespace).get(module_name))
+                and m["metadata"]["uid"] != uid
+                and m
+            ),
+            "the Module recreated with a version",
+        )
+        assert recreated["spec"]["moduleLoader"]["container"]["version"] == "v1"
+        # ... while a bump with both set patches it in place.
+        _patch_spec(kube_api, name, {"kernelModule": {"version": "v2"}})
+        bumped = wait_until(
+            lambda: (
+                (m := _modules(kube_api, operator_namespace).get(module_name))
+                and m["spec"]["moduleLoader"]["container"].get("version") == "v2"
+                and m
+            ),
+            "the version bump",
+        )
+        assert bumped["metadata"]["uid"] == recreated["metadata"]["uid"]
+
+        # And back to empty: recreated again.
+        _patch_spec(kube_api, name, {"kernelModule": {"version": None}})
+        cleared = wait_until(
+            lambda: (
+                (m := _modules(kube_api, operator_namespace).get(module_name))
+                and m["metadata"]["uid"] != bumped["metadata"]["uid"]
+                and m
+            ),
+            "the Module recreated without a version",
+        )
+        assert "version" not in cleared["spec"]["moduleLoader"]["container"]
+    finally:
+        _delete_policy(kube_api, name)
+
+
+def test_an_allocated_gpu_claim_holds_the_module_until_released(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    tag, nodes = gpu_nodes
+    name = f"guard{tag}"
+    module_name = f"{name}-gpu"
+    device_class = f"intel-test-{tag}"
+    _create(kube_api, _policy(name, tag, oci_registry))
+    claim = None
+    try:
+        wait_until(lambda: module_name in _modules(kube_api, operator_namespace), "the Module")
+        assert wait_until(lambda: _status(kube_api, name).get("engine"), "status.engine") == (
+            "Builtin"
+        )
+        claim = _allocated_claim(kube_api, operator_namespace, device_class)
+        _patch_spec(kube_api, name, {"kernelModule": None})
+        blocked = wait_until(
+            lambda: (e := _status(kube_api, name).get("errors")) and "blocking" in e[0] and e,
+            "the claim guard's message",
+        )
+        assert f"modules.{GROUP}/{module_name} deletion" in blocked[0]
+        assert f"{operator_namespace}/{claim}" in blocked[0]
+        assert module_name in _modules(kube_api, operator_namespace)
+        # Without kernelModule there is no readiness gate: the device plugin runs
+        # on both nodes while the Module is still held.
+        wait_until(
+            lambda: _status(kube_api, name).get("devicePluginStatus") == "2/2",
+            "the ungated device plugin",
+        )
+        assert _plugin_nodes(kube_api, operator_namespace, name) == sorted(nodes)
+        assert module_name in _modules(kube_api, operator_namespace)
+
+        _release(kube_api, operator_namespace, claim)
+        wait_until(
+            lambda: module_name not in _modules(kube_api, operator_namespace),
+            "the Module to be removed once the claim is released",
+            timeout=90,
+        )
+        wait_until(lambda: _status(kube_api, name).get("kmmStatus") == "N/A", "kmmStatus N/A")
+    finally:
+        # A claim left allocated would hold every other test's Modules too.
+        if claim is not None:
+            _delete(kube_api, "resourceclaims", claim, operator_namespace)
+        _delete(kube_api, "deviceclasses", device_class)
+        _delete_policy(kube_api, name)
+
+
+def _delete_policy(kube_api: Any, name: str) -> None:
+    try:
+        client.CustomObjectsApi(kube_api).delete_cluster_custom_object(
+            CP_GROUP, CP_VERSION, CP_PLURAL, name
+        )
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def _delete(kube_api: Any, plural: str, name: str, namespace: str | None = None) -> None:
+    objects = client.CustomObjectsApi(kube_api)
+    try:
+        if namespace:
+            objects.delete_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, plural, name
+            )
+        else:
+            objects.delete_cluster_custom_object("resource.k8s.io", "v1", plural, name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def _release(kube_api: Any, namespace: str, claim: str) -> None:
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaims",
+        claim,
+        {"status": {"allocation": None}},
+    )
+
+
+def _allocated_claim(kube_api: Any, namespace: str, device_class: str) -> str:
+    """A claim with a device allocated from Intel's driver, written as the scheduler would."""
+    objects = client.CustomObjectsApi(kube_api)
+    objects.create_cluster_custom_object(
+        "resource.k8s.io",
+        "v1",
+        "deviceclasses",
+        {"metadata": {"name": device_class}, "spec": {}},
+    )
+    name = "inference"
+    objects.create_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
+                }
+            },
+        },
+    )
+    objects.patch_namespaced_custom_object_status(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaims",
+        name,
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": DRIVER,
+                                "pool": "node-0",
+                                "device": "gpu-0",
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    return name
