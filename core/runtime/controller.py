@@ -27,6 +27,7 @@ from core.runtime.shared import Shared
 log = logging.getLogger("kmodkit.controller")
 
 OWNER_UID_LABEL = f"{labels.KMODKIT_PREFIX}/owner-uid"
+RETRY_FAILED_APPLY = 30.0
 """On every object a backend plan produced: the uid of the object that owns it."""
 
 
@@ -183,15 +184,23 @@ class ResourceController:
     ) -> float | None:
         view = self._view(watched, owned)
         plan = self.resource.plan(body, view)
-        self._apply(body, plan)
+        failed = self._apply(body, plan)
         self._prune(plan, owned)
         status = dict(plan.status)
         if plan.rollout is not None:
             status = self._rollout(body, plan, view, status)
         self._write_status(body, status)
+        if failed:
+            return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
         return plan.requeue_after
 
-    def _apply(self, owner: Obj, plan: Plan) -> None:
+    def _apply(self, owner: Obj, plan: Plan) -> int:
+        """Apply every planned object; one the apiserver refuses does not stop the others.
+
+        Refusals are logged and posted as a Warning event on the owner, naming
+        the object and the apiserver's reason; returns how many failed.
+        """
+        failed = 0
         meta = owner.get("metadata") or {}
         ref = {
             "apiVersion": owner.get("apiVersion"),
@@ -211,12 +220,41 @@ class ResourceController:
             }
             obj_meta["ownerReferences"] = [ref]
             body["metadata"] = obj_meta
-            self._resource_for(body).server_side_apply(
-                body=body,
-                field_manager=labels.FIELD_MANAGER,
-                force_conflicts=True,
-                namespace=obj_meta.get("namespace"),
-            )
+            try:
+                self._resource_for(body).server_side_apply(
+                    body=body,
+                    field_manager=labels.FIELD_MANAGER,
+                    force_conflicts=True,
+                    namespace=obj_meta.get("namespace"),
+                )
+            except Exception as err:  # the dynamic client raises several unrelated types
+                failed += 1
+                what = (
+                    f"{body.get('kind')} {obj_meta.get('namespace') or ''}/{obj_meta.get('name')}"
+                )
+                reason = getattr(err, "summary", None) or getattr(err, "reason", None) or err
+                log.warning(
+                    "applying %s for %s %s failed: %s",
+                    what,
+                    owner.get("kind"),
+                    meta.get("name"),
+                    reason,
+                )
+                self.shared.kube.event(
+                    {
+                        "apiVersion": owner.get("apiVersion"),
+                        "kind": owner.get("kind"),
+                        "name": meta.get("name"),
+                        "uid": meta.get("uid"),
+                        "namespace": meta.get("namespace"),
+                    },
+                    str(owner.get("kind")),
+                    "ApplyFailed",
+                    f"{what}: {reason}",
+                    meta.get("namespace") or "default",
+                    warning=True,
+                )
+        return failed
 
     def _prune(self, plan: Plan, owned: Sequence[Obj]) -> None:
         wanted = {_identity(o) for o in plan.objects}

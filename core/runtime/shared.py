@@ -48,6 +48,8 @@ class Shared:
     raw_nodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     crd_groups: dict[str, str] = field(default_factory=dict)
     """CRD name -> API group, for every CRD the apiserver has."""
+    builtin_groups: frozenset[str] = frozenset()
+    """Groups the apiserver serves itself (resource.k8s.io, ...), read at start-up."""
     wakeups: Wakeups = field(default_factory=Wakeups)
 
     def forget(self) -> None:
@@ -58,9 +60,20 @@ class Shared:
 
     @property
     def api_groups(self) -> frozenset[str]:
-        return frozenset(self.crd_groups.values())
+        return self.builtin_groups | frozenset(self.crd_groups.values())
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
+        @kopf.on.startup(registry=registry)
+        def discover_groups(**_: Any) -> None:
+            from kubernetes import client
+
+            apis: Any = client.ApisApi(self.kube.api)
+            ext: Any = client.ApiextensionsV1Api(self.kube.api)
+            served = {g.name for g in apis.get_api_versions().groups}
+            # CRD groups come and go with their CRDs; they are tracked by the watch below.
+            from_crds = {crd.spec.group for crd in ext.list_custom_resource_definition().items}
+            self.builtin_groups = frozenset(served - from_crds)
+
         @kopf.on.event("", "v1", "nodes", registry=registry)
         async def node_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
             if type == "DELETED":
