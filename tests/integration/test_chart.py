@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from backends.tenstorrent.settings import TenstorrentSettings
 from core.runtime.plugins import discover
 from devcluster import build
 from devcluster.versions import KUBERNETES_VERSION
+from tests.integration.crds_util import apply, wait_established
+from tests.integration.operator_process import running_operator
 from tests.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
@@ -284,3 +287,38 @@ def test_install_test_upgrade_and_uninstall(
     crds = client.ApiextensionsV1Api(kube_api)
     for crd in ("modules.kmodkit.io", "clusterkopfpeerings.kopf.dev"):
         assert crds.read_custom_resource_definition(crd).metadata.name == crd  # kept
+
+
+@pytest.mark.cluster
+def test_two_replicas_with_one_peering_take_turns(
+    kubeconfig: str, kube_api: Any, tmp_path: Path
+) -> None:
+    """controller.replicas > 1: one operator works, the other waits and takes over."""
+    crd = yaml.safe_load((CHART / "crds" / "kopf.dev_clusterkopfpeerings.yaml").read_text())
+    apply(kube_api, crd)
+    wait_established(kube_api, crd["metadata"]["name"])
+    peering = f"peers-{uuid.uuid4().hex[:6]}"
+    objects = client.CustomObjectsApi(kube_api)
+    objects.create_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )  # fmt: skip
+    env = {"KMODKIT_BACKENDS": "none", "KMODKIT_PEERING": peering}
+    try:
+        with (
+            running_operator(kubeconfig, tmp_path / "a.log", **env) as a,
+            running_operator(kubeconfig, tmp_path / "b.log", **env) as b,
+        ):
+            # kopf starts paused and resumes only while no live peer has a higher priority.
+            resumed = "Resuming operations after the pause"
+            active = wait_until(
+                lambda: [op for op in (a, b) if resumed in op.output()],
+                "one replica to become active",
+            )
+            time.sleep(3)  # the other has seen the active one in the peering: it stays paused
+            assert [op for op in (a, b) if resumed in op.output()] == active
+            waiting = b if active[0] is a else a
+            active[0].stop()
+            wait_until(lambda: resumed in waiting.output(), "the waiting replica to take over")
+    finally:
+        objects.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
