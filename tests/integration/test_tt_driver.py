@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from backends.tenstorrent import demo_objects
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,
@@ -87,49 +88,9 @@ def _holders(f: Fleet) -> None:
     """One Deployment per node whose pod holds /dev/tenstorrent, and a telemetry DaemonSet."""
     apps = client.AppsV1Api(f.api)
     for node in f.nodes:
-        labels = {"app": "holder", "node": node}
-        apps.create_namespaced_deployment(
-            f.namespace,
-            {
-                "metadata": {"name": f"holder-{node}"},
-                "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "nodeSelector": {"kubernetes.io/hostname": node},
-                            "containers": [
-                                {
-                                    "name": "w",
-                                    "image": "registry.invalid/inference:1",
-                                    "volumeMounts": [
-                                        {"name": "dev", "mountPath": "/dev/tenstorrent"}
-                                    ],
-                                }
-                            ],
-                            "volumes": [{"name": "dev", "hostPath": {"path": "/dev/tenstorrent"}}],
-                        },
-                    },
-                },
-            },
-        )
+        apps.create_namespaced_deployment(f.namespace, demo_objects.device_holder(node))
     apps.create_namespaced_daemon_set(
-        f.namespace,
-        {
-            "metadata": {"name": "tt-telemetry"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "tt-telemetry"}},
-                "template": {
-                    "metadata": {"labels": {"app": "tt-telemetry"}},
-                    "spec": {
-                        "nodeSelector": {GATE: "true", "ttd-test": f.tag},
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{"name": "t", "image": "registry.invalid/telemetry:1"}],
-                    },
-                },
-            },
-        },
+        f.namespace, demo_objects.telemetry_daemonset({"ttd-test": f.tag})
     )
 
 
@@ -166,7 +127,7 @@ class Watcher:
         cordoned = [n for n, o in nodes.items() if o.spec.unschedulable]
         self.max_cordoned = max(self.max_cordoned, len(cordoned))
         self.cordoned_ever.update(cordoned)
-        holders = _running_on(self.f, "app=holder")
+        holders = _running_on(self.f, f"app={demo_objects.HOLDER_APP}")
         builders = {
             p.spec.node_name: p.metadata.name
             for p in self.f.core.list_namespaced_pod(
@@ -207,7 +168,10 @@ def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilde
                 "version": "2.8.0",
                 "nodeAffinity": {"matchLabels": {"ttd-test": f.tag}},
                 "upgradePolicy": {
-                    "drain": {"timeoutSeconds": 10, "podSelectorLabel": "app=holder"}
+                    "drain": {
+                        "timeoutSeconds": 10,
+                        "podSelectorLabel": f"app={demo_objects.HOLDER_APP}",
+                    }
                 },
             },
         },
@@ -230,7 +194,8 @@ def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilde
     _holders(f)
     wait_until(
         lambda: (
-            len(_running_on(f, "app=holder")) == 3 and len(_running_on(f, "app=tt-telemetry")) == 4
+            len(_running_on(f, f"app={demo_objects.HOLDER_APP}")) == 3
+            and len(_running_on(f, "app=tt-telemetry")) == 4
         ),
         "holders and telemetry running",
     )
@@ -258,14 +223,7 @@ def test_pdb_blocked_eviction_fails_the_node_and_halts(fleet: tuple[Fleet, FakeB
     policy_api = client.PolicyV1Api(f.api)
     for node in f.nodes:
         policy_api.create_namespaced_pod_disruption_budget(
-            f.namespace,
-            {
-                "metadata": {"name": f"pdb-{node}"},
-                "spec": {
-                    "maxUnavailable": 0,
-                    "selector": {"matchLabels": {"app": "holder", "node": node}},
-                },
-            },
+            f.namespace, demo_objects.blocking_pdb(node)
         )
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"version": "2.10.0"}})
 

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from backends.tenstorrent import demo_objects
 from devcluster import cluster as devcluster
 from devcluster.nodes import TENSTORRENT_LABELS, node_manifest
 from tests.integration.crds_util import install
@@ -154,22 +155,11 @@ class FakeBuilder:
                 continue
             env = {e.name: e.value for e in pod.spec.containers[0].env or []}
             node = pod.spec.node_name
-            if node in self.dkms:
-                label_node(
-                    self._core.api_client, node, {"driver.tenstorrent.com/install-mode": "host"}
-                )
-            elif node in self.held and env.get("TT_FORCE_UNLOAD") != "true":
+            if node in self.held and node not in self.dkms and env.get("TT_FORCE_UNLOAD") != "true":
                 self._crash_loop(pod)
             else:
-                label_node(
-                    self._core.api_client,
-                    node,
-                    {
-                        "driver.tenstorrent.com/install-mode": "container",
-                        "driver.tenstorrent.com/kmd-version": env["TT_KMD_VERSION"],
-                        "tt-smi.driver.tenstorrent.com/version": "5.2.0",
-                    },
-                )
+                report = demo_objects.builder_report(env["TT_KMD_VERSION"], node in self.dkms)
+                label_node(self._core.api_client, node, dict(report))
             self._done.add(pod.metadata.uid)
 
     def _crash_loop(self, pod: Any) -> None:
