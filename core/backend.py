@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 from pydantic import BaseModel
 
 from core.crdgen import CrdSource
@@ -140,3 +141,5 @@ class Backend:
     importing ``CONTRACT_VERSION`` would always match the running kmodkit's."""
     description: str = ""
     resources: tuple[Resource, ...] = field(default=())
+    commands: tuple[click.Command, ...] = field(default=())
+    """Extra ``kmodkit`` subcommands (e.g. a node migration helper), added to the CLI."""

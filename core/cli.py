@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from core.cli_backends import BACKENDS_OPTION, backends, enabled_backends
 
 
@@ -259,7 +258,19 @@ def render(
 
 
 main.add_command(backends)
-main.add_command(tenstorrent_commands)
+
+
+def _add_backend_commands() -> None:
+    # Backends bring their own subcommands through the contract, so the CLI
+    # never imports a backend by name; a backend that fails to load adds none.
+    from core.runtime.plugins import discover
+
+    for found in discover():
+        for command in found.backend.commands if found.backend else ():
+            main.add_command(command)
+
+
+_add_backend_commands()
 
 
 def _add_dev_group() -> None:

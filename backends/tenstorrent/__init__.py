@@ -9,6 +9,7 @@ Both roll their change through ``core.rollout``; see docs/tenstorrent.md.
 from functools import partial
 
 from backends.tenstorrent import driver_plan, firmware_plan
+from backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
 from backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
 from backends.tenstorrent.firmware_api import FIRMWARE_CRD, TenstorrentFirmwarePolicy
@@ -20,6 +21,7 @@ backend = Backend(
     version="0.1.0",
     contract=CONTRACT_VERSION,
     description="Tenstorrent tt-kmd driver, tt-smi and firmware",
+    commands=(tenstorrent_commands,),
     resources=(
         Resource(
             crd=DRIVER_CRD,
