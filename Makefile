@@ -56,6 +56,7 @@ bench: devcluster-bin
 
 crds: setup
 	@$(BIN)/kmodkit crds --out crds
+	@$(BIN)/kmodkit crds --out charts/kmodkit/crds
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from devcluster import build, cluster
@@ -26,10 +27,9 @@ from devcluster import registry as devregistry
 from devcluster.operator import running_operator
 
 NAME = "demo"
-NS = "kmodkit-demo"
+NS = "kmodkit-system"  # the operator's namespace
 KERNEL_PUSHED, KERNEL_BUILT = "6.8.0-45-generic", "7.0.0-14-generic"
-# kwok runs no build, so the Dockerfile's content never matters here.
-XE_DOCKERFILE = "FROM scratch\n"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def step(msg: str) -> None:
@@ -102,84 +102,75 @@ def play_builder(d: Demo, reg: devregistry.Registry, stop: threading.Event) -> N
                 reg.push(image)
 
 
-def module(reg: devregistry.Registry, version: str) -> dict[str, Any]:
-    image = f"{reg.host}/drivers/xe:{version}-${{KERNEL_FULL_VERSION}}"
+POLICY = "gpu"
+MODULE = f"{POLICY}-gpu"  # the Module a ClusterPolicy emits
+INTEL = "intel.feature.node.kubernetes.io/gpu-pci=true"
+
+
+def cluster_policy(reg: devregistry.Registry, version: str) -> dict[str, Any]:
+    image = f"{reg.host}/intel/xe-oot-kmd:{version}-$KERNEL_FULL_VERSION"
     return {
-        "apiVersion": "kmodkit.io/v1alpha1",
-        "kind": "Module",
-        "metadata": {"name": "xe", "namespace": NS},
+        "apiVersion": "intel.com/v1alpha1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": POLICY},
         "spec": {
-            "selector": {"intel.feature.node.kubernetes.io/gpu-pci": "true"},
-            "imageRepoSecret": {"name": "registry"},
-            "rollout": {"maxUnavailable": 1},
-            "moduleLoader": {
-                "container": {
-                    "version": version,
-                    "modprobe": {
-                        "moduleName": "xe",
-                        "firmwarePath": "/firmware",
-                        "modulesLoadingOrder": ["xe", "drm_gpuvm", "drm_exec"],
-                    },
-                    "inTreeModulesToRemove": ["xe"],
-                    "kernelMappings": [
-                        {"literal": KERNEL_PUSHED, "containerImage": image},
-                        {
-                            "regexp": r"^7\.0\.0-[0-9]+-generic$",
-                            "containerImage": image,
-                            "build": {
-                                "dockerfileConfigMap": {"name": "xe-build"},
-                                "buildArgs": [{"name": "XE_VERSION", "value": version}],
-                            },
+            "resourceRegistration": "dp",
+            "pullSecret": {"name": "registry"},
+            "nodeSelector": {"intel.feature.node.kubernetes.io/gpu-pci": "true"},
+            "kernelModule": {
+                "moduleName": "xe",
+                "version": version,
+                "firmwarePath": "/firmware",
+                "modulesLoadingOrder": ["xe", "drm_gpuvm", "drm_exec"],
+                "kernelMappings": [
+                    {"regexp": r"^6\.8\.0-[0-9]+-generic$", "containerImage": image},
+                    {
+                        "regexp": r"^7\.0\.0-[0-9]+-generic$",
+                        "containerImage": image,
+                        "build": {
+                            "dockerfileConfigMap": {"name": "xe-build-u26.04"},
+                            "buildArgs": [{"name": "XE_TAG", "value": f"xebr_{version}"}],
                         },
-                    ],
-                }
+                    },
+                ],
             },
         },
     }
 
 
 def run_demo(d: Demo, reg: devregistry.Registry, port: int) -> None:
-    ready = f"kmm.node.kubernetes.io/{NS}.xe.ready"
-    vready = f"kmm.node.kubernetes.io/{NS}.xe.version.ready"
-    want = f"kmm.node.kubernetes.io/version-module.{NS}.xe"
-    intel = [
-        n.metadata.name
-        for n in d.core.list_node(
-            label_selector="intel.feature.node.kubernetes.io/gpu-pci=true"
-        ).items
-    ]
-    loadable = [
-        n
-        for n in intel
-        if d.core.read_node(n).status.node_info.kernel_version in (KERNEL_PUSHED, KERNEL_BUILT)
-    ]
+    ready = f"kmm.node.kubernetes.io/{NS}.{MODULE}.ready"
+    vready = f"kmm.node.kubernetes.io/{NS}.{MODULE}.version.ready"
+    want = f"kmm.node.kubernetes.io/version-module.{NS}.{MODULE}"
+    intel = [n.metadata.name for n in d.core.list_node(label_selector=INTEL).items]
+    kernels = {n: d.core.read_node(n).status.node_info.kernel_version for n in intel}
+    loadable = [n for n in intel if kernels[n] in (KERNEL_PUSHED, KERNEL_BUILT)]
 
-    step("a Module for the Xe driver: one kernel's image is in the registry, one is built")
-    reg.push(f"{reg.host}/drivers/xe:v1-{KERNEL_PUSHED}")
-    for n in intel:
-        d.core.patch_node(n, {"metadata": {"labels": {want: "v1"}}})
-    d.objs.create_namespaced_custom_object(
-        "kmodkit.io", "v1alpha1", NS, "modules", module(reg, "v1")
+    step(
+        "Intel: a ClusterPolicy for the out-of-tree Xe driver (one kernel's image is in the "
+        "registry, the other's is built in-cluster)"
+    )
+    reg.push(f"{reg.host}/intel/xe-oot-kmd:v1-{KERNEL_PUSHED}")
+    print(f"    kubectl label nodes -l {INTEL} {want}=v1")
+    d.kubectl("label", "nodes", "-l", INTEL, f"{want}=v1", "--overwrite")
+    d.objs.create_cluster_custom_object(
+        "intel.com", "v1alpha1", "clusterpolicies", cluster_policy(reg, "v1")
     )
     wait(
-        "the module loaded on every Intel node with a mapped kernel",
+        "the driver loaded on every Intel node with a mapped kernel",
         lambda: all(ready in d.labels(n) for n in loadable),
     )
+    wait("the device plugin on every ready node", lambda: _dp_nodes(d) == set(loadable))
+    d.kubectl("get", "clusterpolicy")
     d.kubectl("get", "kmod", "-n", NS)
     d.kubectl("get", "pods", "-n", NS, "-o", "wide")
-    d.kubectl(
-        "get",
-        "nodes",
-        "-l",
-        "intel.feature.node.kubernetes.io/gpu-pci=true",
-        "-L",
-        f"{ready},{vready}",
-    )
-    step("nodes the Module cannot serve are reported by name")
+    print(f"    nodes labelled {ready} (the device plugin selects on it):")
+    d.kubectl("get", "nodes", "-l", ready, "-L", vready)
+    step("nodes the driver cannot serve are reported by name")
     d.kubectl(
         "get",
         "kmod",
-        "xe",
+        MODULE,
         "-n",
         NS,
         "-o",
@@ -188,23 +179,162 @@ def run_demo(d: Demo, reg: devregistry.Registry, port: int) -> None:
     )
 
     step("ordered upgrade: v2 is published, then one node is moved to it with kubectl label")
-    reg.push(f"{reg.host}/drivers/xe:v2-{KERNEL_PUSHED}")
-    d.objs.patch_namespaced_custom_object(
-        "kmodkit.io", "v1alpha1", NS, "modules", "xe", {"spec": module(reg, "v2")["spec"]}
+    reg.push(f"{reg.host}/intel/xe-oot-kmd:v2-{KERNEL_PUSHED}")
+    d.objs.patch_cluster_custom_object(
+        "intel.com",
+        "v1alpha1",
+        "clusterpolicies",
+        POLICY,
+        {"spec": {"kernelModule": cluster_policy(reg, "v2")["spec"]["kernelModule"]}},
     )
     first = loadable[0]
     print(f"    kubectl label node {first} {want}=v2 --overwrite")
     d.kubectl("label", "node", first, f"{want}=v2", "--overwrite")
     wait(f"{first} to run v2", lambda: d.labels(first).get(vready) == "v2")
-    d.kubectl(
-        "get",
-        "nodes",
-        "-l",
-        "intel.feature.node.kubernetes.io/gpu-pci=true",
-        "-L",
-        f"{want},{vready}",
-    )
+    d.kubectl("get", "nodes", "-l", INTEL, "-L", f"{want},{vready}")
     print(f"\n    operator health: http://127.0.0.1:{port}/healthz")
+
+
+TT = "feature.node.kubernetes.io/pci-1200_1e52.present"
+
+
+def play_tt_builder(d: Demo, dkms: set[str], stop: threading.Event) -> None:
+    """Write the node labels each builder pod would (kwok runs nothing inside pods)."""
+    from backends.tenstorrent.demo_objects import builder_report
+
+    seen: set[str] = set()
+    while not stop.wait(0.5):
+        for pod in d.core.list_namespaced_pod(
+            NS, label_selector="app.kubernetes.io/name=tt-kmd-installer"
+        ).items:
+            node = pod.spec.node_name
+            if pod.metadata.uid in seen or pod.status.phase != "Running" or not node:
+                continue
+            seen.add(pod.metadata.uid)
+            env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+            report = builder_report(env["TT_KMD_VERSION"], node in dkms)
+            d.core.patch_node(node, {"metadata": {"labels": dict(report)}})
+
+
+def most_cordoned(d: Demo, nodes: list[str], done: Callable[[], bool]) -> int:
+    """Watch until ``done``; returns the most of ``nodes`` cordoned at once."""
+    worst = 0
+    while not done():
+        cordoned = sum(1 for n in nodes if d.core.read_node(n).spec.unschedulable)
+        worst = max(worst, cordoned)
+        time.sleep(0.2)
+    return worst
+
+
+def run_tenstorrent(d: Demo) -> None:
+    from kubernetes import client
+
+    from backends.tenstorrent import demo_objects as tt
+    from backends.tenstorrent.names import driver_policy_id, firmware_policy_id
+    from core import labels
+    from core.rollout.keys import RolloutKeys
+
+    nodes = sorted(n.metadata.name for n in d.core.list_node(label_selector=f"{TT}=true").items)
+    dkms = set(nodes[:2])
+    gate = "tenstorrent.com/deploy.tt-telemetry"
+    state = RolloutKeys.for_policy(driver_policy_id("fleet")).state
+    apps: Any = client.AppsV1Api(d.api)
+    step(
+        f"Tenstorrent: {len(nodes)} nodes; {', '.join(sorted(dkms))} still have DKMS "
+        "(host mode); inference pods hold /dev/tenstorrent on two nodes"
+    )
+    for n in nodes:
+        d.core.patch_node(n, {"metadata": {"labels": {gate: "true"}}})
+    apps.create_namespaced_daemon_set(NS, tt.telemetry_daemonset({TT: "true"}))
+    for n in nodes[2:4]:
+        apps.create_namespaced_deployment(NS, tt.device_holder(n))
+    stop = threading.Event()
+    threading.Thread(target=play_tt_builder, args=(d, dkms, stop), daemon=True).start()
+    try:
+        d.objs.create_cluster_custom_object(
+            "driver.tenstorrent.com",
+            "v1alpha1",
+            "tenstorrentdriverpolicies",
+            tt.driver_policy("fleet", "2.8.0", {TT: "true"}),
+        )
+        wait("tt-kmd 2.8.0 on every container-managed node", lambda: _ttdp(d, "2.8.0"))
+        d.kubectl("get", "ttdp")
+        d.kubectl(
+            "get",
+            "nodes",
+            "-l",
+            f"{TT}=true",
+            "-L",
+            f"{labels.TT_INSTALL_MODE_LABEL},{labels.TT_KMD_VERSION_LABEL}",
+        )
+
+        step(
+            "upgrade to 2.9.0: one node at a time — cordon, gate telemetry off, evict the "
+            "device holders, drain, swap, validate, give the node back"
+        )
+        d.objs.patch_cluster_custom_object(
+            "driver.tenstorrent.com",
+            "v1alpha1",
+            "tenstorrentdriverpolicies",
+            "fleet",
+            {"spec": {"version": "2.9.0"}},
+        )
+        worst = most_cordoned(d, nodes, lambda: _ttdp(d, "2.9.0"))
+        print(f"    ok: every node on 2.9.0; never more than {worst} node cordoned at once")
+        d.kubectl("get", "ttdp")
+        d.kubectl(
+            "get",
+            "nodes",
+            "-l",
+            f"{TT}=true",
+            "-L",
+            f"{labels.TT_KMD_VERSION_LABEL},{gate},{state}",
+        )
+
+        step("firmware: a ttfwp flashes every Tenstorrent node, two at a time")
+        fw_state = RolloutKeys.for_policy(firmware_policy_id("fw")).state
+        d.objs.create_cluster_custom_object(
+            "firmware.tenstorrent.com",
+            "v1alpha1",
+            "tenstorrentfirmwarepolicies",
+            tt.firmware_policy("fw", "19.4.0", {TT: "true"}, upgradePolicy={"maxParallel": 2}),
+        )
+        worst = most_cordoned(d, nodes, lambda: _ttfwp_done(d))
+        print(f"    ok: flashed; never more than {worst} nodes cordoned at once")
+        d.kubectl("get", "ttfwp")
+        d.kubectl("get", "nodes", "-l", f"{TT}=true", "-L", fw_state)
+    finally:
+        stop.set()
+
+
+def _ttdp(d: Demo, version: str) -> bool:
+    obj = d.objs.get_cluster_custom_object(
+        "driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies", "fleet"
+    )
+    status = obj.get("status") or {}
+    summary = status.get("summary") or {}
+    return (
+        status.get("desiredVersion") == version
+        and summary.get("inProgress") == 0
+        and 0 < summary.get("matched", 0) == summary.get("upToDate", 0)
+    )
+
+
+def _ttfwp_done(d: Demo) -> bool:
+    obj = d.objs.get_cluster_custom_object(
+        "firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies", "fw"
+    )
+    summary = (obj.get("status") or {}).get("summary") or {}
+    return 0 < summary.get("matched", 0) == summary.get("upToDate", 0)
+
+
+def _dp_nodes(d: Demo) -> set[str]:
+    pods = d.core.list_namespaced_pod(NS).items
+    return {
+        p.spec.node_name
+        for p in pods
+        if "device-plugin" in p.metadata.name and p.status.phase == "Running"
+    }
 
 
 def main() -> int:
@@ -232,7 +362,17 @@ def main() -> int:
 
         step("installing the CRDs and starting the kmodkit operator")
         install_crds(d.api)
-        d.core.create_namespace({"metadata": {"name": NS}})
+        d.core.create_namespace(
+            {
+                "metadata": {
+                    "name": NS,
+                    "labels": {
+                        "kmodkit.io/operator-namespace": "true",
+                        "pod-security.kubernetes.io/enforce": "privileged",
+                    },
+                }
+            }
+        )
         d.core.create_namespaced_secret(
             NS,
             {
@@ -243,16 +383,22 @@ def main() -> int:
                 },
             },
         )
-        d.core.create_namespaced_config_map(
-            NS, {"metadata": {"name": "xe-build"}, "data": {"dockerfile": XE_DOCKERFILE}}
+        d.kubectl(
+            "apply", "-n", NS, "-f", str(ROOT / "docs" / "samples" / "xe-build-configmap.yaml")
         )
         log = c.dir / "logs" / "operator.log"
         print(f"    operator log: {log}")
         threading.Thread(target=play_builder, args=(d, reg, stop), daemon=True).start()
         with running_operator(
-            c.kubeconfig, log, KMODKIT_REGISTRY_CA=str(c.pki / "ca.crt")
+            c.kubeconfig,
+            log,
+            KMODKIT_REGISTRY_CA=str(c.pki / "ca.crt"),
+            KMODKIT_NAMESPACE=NS,
+            # The demo namespace's default account stands in for the chart's.
+            KMODKIT_TT_SERVICE_ACCOUNT="default",
         ) as operator:
             run_demo(d, reg, operator.port)
+            run_tenstorrent(d)
             code = operator.stop()
         step(f"operator stopped cleanly (exit {code})")
         return 0 if code == 0 else 1
