@@ -20,9 +20,9 @@ from kubernetes.client.exceptions import ApiException
 from backends.tenstorrent.settings import TenstorrentSettings
 from core.runtime.plugins import discover
 from devcluster import build
+from devcluster.operator import running_operator
 from devcluster.versions import KUBERNETES_VERSION
 from tests.integration.crds_util import apply, wait_established
-from tests.integration.operator_process import running_operator
 from tests.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"

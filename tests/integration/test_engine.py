@@ -19,9 +19,9 @@ from kubernetes.client.exceptions import ApiException
 
 from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
+from devcluster.operator import Operator, running_operator
 from devcluster.registry import Registry
 from tests.integration.crds_util import install
-from tests.integration.operator_process import Operator, running_operator
 from tests.waiting import wait_until
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"

@@ -28,9 +28,9 @@ from core import labels
 from core.backend import CONTRACT_VERSION
 from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
+from devcluster.operator import running_operator
 from devcluster.registry import Registry
 from tests.integration.crds_util import apply, wait_established
-from tests.integration.operator_process import running_operator
 from tests.plugins.install import pip_install
 from tests.waiting import wait_until
 

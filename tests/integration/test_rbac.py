@@ -31,8 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from devcluster import build, procs
 from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
+from devcluster.operator import running_operator
 from devcluster.registry import Registry
-from tests.integration.operator_process import running_operator
 from tests.integration.test_chart import CHART, Grant, Helm, grants
 from tests.waiting import wait_until
 

@@ -23,8 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from backends.tenstorrent import demo_objects
 from devcluster import cluster as devcluster
 from devcluster.nodes import TENSTORRENT_LABELS, node_manifest
+from devcluster.operator import Operator, running_operator
 from tests.integration.crds_util import install
-from tests.integration.operator_process import Operator, running_operator
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
