@@ -11,7 +11,7 @@ cluster on every pass, so the operator can be killed at any moment.
 from __future__ import annotations
 
 import base64
-import logging
+import functools
 import os
 import time
 from collections import Counter
@@ -31,6 +31,7 @@ from core.build import (
     build_job_view,
     plan_builds,
 )
+from core.images import parse_image_reference
 from core.kernel_mapping import ResolvedMapping
 from core.loader import (
     COMPONENT_LABEL,
@@ -44,13 +45,11 @@ from core.loader import (
     plan,
 )
 from core.nodes import NodeView
-from core.registry import Answer, AnswerCache, Credentials, check, credentials_for
+from core.registry import Answer, AnswerCache, Existence, check, credentials_for, registry_host
 from core.runtime import metrics
 from core.runtime.loop import reconcile_loop
 from core.runtime.shared import Shared
 from core.runtime.status import module_status
-
-log = logging.getLogger("kmodkit.engine")
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 MODULE_REF = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Module"}
@@ -251,16 +250,19 @@ class Engine:
     ) -> dict[str, Answer]:
         trigger = str(module.spec.image_rebuild_trigger_generation or "")
         fresh = set(just_built)
+        # The pull secret is read once per pass, and only if the registry is asked.
+        secret = functools.cache(lambda: self._pull_secret(module))
         answers: dict[str, Answer] = {}
-        creds_body: str | bool | None = False  # read the Secret once, only if needed
         for image, resolved in needed.items():
             cached = self.answers.get((image, trigger))
-            if cached is not None and not (image in fresh and cached.existence.value != "Exists"):
+            if cached is not None and not (
+                image in fresh and cached.existence is not Existence.EXISTS
+            ):
                 answers[image] = cached
                 continue
-            if creds_body is False:
-                creds_body = self._pull_secret(module)
-            creds = self._credentials(creds_body, image)
+            body = secret()
+            host = registry_host(parse_image_reference(image))
+            creds = credentials_for(body, host) if body is not None else None
             answer = check(image, creds, resolved.registry_tls, self.settings.registry_ca_bundle)
             self.answers.put((image, trigger), answer)
             answers[image] = answer
@@ -274,15 +276,6 @@ class Engine:
         if not data or ".dockerconfigjson" not in data:
             return None
         return base64.b64decode(data[".dockerconfigjson"]).decode()
-
-    @staticmethod
-    def _credentials(body: str | bool | None, image: str) -> Credentials | None:
-        from core.images import parse_image_reference
-        from core.registry import registry_host
-
-        if not isinstance(body, str):
-            return None
-        return credentials_for(body, registry_host(parse_image_reference(image)))
 
     def _label_nodes(
         self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
