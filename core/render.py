@@ -20,6 +20,17 @@ from core.registry import Answer, Existence
 from core.runtime.plugins import discover
 
 MODULE_API_VERSIONS = ("kmodkit.io/v1alpha1", "kmm.sigs.x-k8s.io/v1beta1")
+# What every supported Kubernetes (1.34+) serves, for plans that look for an API.
+OFFLINE_API_GROUPS = frozenset(
+    {
+        "apps",
+        "batch",
+        "policy",
+        "rbac.authorization.k8s.io",
+        "admissionregistration.k8s.io",
+        "resource.k8s.io",
+    }
+)
 # Placeholders for operator settings that only matter on a real cluster.
 AGENT_IMAGE = "<agent image>"
 BUILDER_IMAGE = "<builder image>"
@@ -98,7 +109,7 @@ def render(
             ):
                 view = ClusterView(
                     nodes=nodes,
-                    api_groups=frozenset(),
+                    api_groups=OFFLINE_API_GROUPS,
                     operator_namespace=operator_namespace,
                     watched={},
                 )

@@ -68,7 +68,7 @@ def _plan(
 
     ops = Operands(name, spec, namespace, operand_selector(spec, ready_label), settings)
     dra_wanted = spec.resource_registration == "dra"
-    dra_planned = dra_wanted and dra_served(settings)
+    dra_planned = dra_wanted and dra_served(settings, view.api_groups)
     objects: list[dict[str, Any]] = []
     errors: list[str] = []
     if spec.resource_registration == "dp":

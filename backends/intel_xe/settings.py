@@ -25,7 +25,8 @@ XPU_MANAGER_IMAGE = (
 ENGINE = "KMODKIT_INTEL_ENGINE"
 """auto (default), kmm or builtin: the engine for policies whose kernelModule.engine is Auto."""
 DRA = "KMODKIT_INTEL_DRA"
-"""Set to ``disabled`` on clusters that do not serve resource.k8s.io/v1 (DRA is GA since 1.34)."""
+"""Set to ``disabled`` to keep the DRA driver off even where resource.k8s.io is served."""
+DRA_GROUP = "resource.k8s.io"
 MODULE_LOADER_SERVICE_ACCOUNT = "KMODKIT_INTEL_MODULE_LOADER_SERVICE_ACCOUNT"
 """Service account of the module-loader pods; unset leaves the engine's default."""
 DEVICE_PLUGIN_IMAGE_SETTING = "KMODKIT_INTEL_DEVICE_PLUGIN_IMAGE"
@@ -38,5 +39,6 @@ def image(spec_value: str | None, settings: Mapping[str, str], key: str, pinned:
     return spec_value or settings.get(key) or pinned
 
 
-def dra_served(settings: Mapping[str, str]) -> bool:
-    return settings.get(DRA, "").lower() != "disabled"
+def dra_served(settings: Mapping[str, str], api_groups: frozenset[str]) -> bool:
+    """Whether the cluster serves DRA (read from the apiserver) and the operator allows it."""
+    return DRA_GROUP in api_groups and settings.get(DRA, "").lower() != "disabled"

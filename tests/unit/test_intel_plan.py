@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from backends.intel_xe.plan import DRA_DISABLED, NFD_MISSING, plan
+from backends.intel_xe.settings import DRA_GROUP
 from backends.intel_xe.status import MAX_ERRORS, bounded
 from core.api import API_VERSION, KMM_API_VERSION
 from core.backend import ClusterView, Obj
@@ -51,7 +52,8 @@ def view(
     namespaces = [{"metadata": {"name": NS}}] if admin_access else []
     return ClusterView(
         nodes=[],
-        api_groups=groups,
+        # Every supported Kubernetes (1.34+) serves DRA's resource.k8s.io.
+        api_groups=groups | {DRA_GROUP},
         operator_namespace=NS,
         watched={"resourceclaims": claims or [], "admin-access-namespaces": namespaces},
         owned=owned or [],

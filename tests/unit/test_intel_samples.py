@@ -35,7 +35,7 @@ def test_sample_policy_builds_with_the_sample_configmap() -> None:
     configmap = yaml.safe_load(build_configmap.SAMPLE.read_text())
     view = ClusterView(
         nodes=[],
-        api_groups=frozenset(),
+        api_groups=frozenset({"resource.k8s.io"}),
         operator_namespace="kmodkit-system",
         watched={"admin-access-namespaces": [{"metadata": {"name": "kmodkit-system"}}]},
     )
