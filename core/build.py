@@ -19,7 +19,8 @@ from core import labels
 from core.api import Module, RegistryTLS
 from core.kernel import dns_safe
 from core.kernel_mapping import ResolvedMapping
-from core.loader import COMPONENT_LABEL, MODULE_LABEL, ImageState, ImageStatus
+from core.loader import ImageState, ImageStatus
+from core.loader_pod import COMPONENT_LABEL, MODULE_LABEL
 from core.nodes import NodeView, selector_matches
 from core.registry import Answer, Existence
 

@@ -14,7 +14,8 @@ from typing import Any
 from core.api import Module
 from core.backend import ClusterView
 from core.build import BuildSettings, plan_builds
-from core.loader import ImageState, ImageStatus, LoaderSettings, plan
+from core.loader import ImageState, ImageStatus, plan
+from core.loader_pod import LoaderSettings
 from core.nodes import NodeView, node_view
 from core.registry import Answer, Existence
 from core.runtime.plugins import discover

@@ -33,16 +33,13 @@ from core.build import (
 )
 from core.images import parse_image_reference
 from core.kernel_mapping import ResolvedMapping
-from core.loader import (
+from core.loader import ImageState, LoaderPlan, gated_on, plan
+from core.loader_pod import (
     COMPONENT_LABEL,
     LOADER_COMPONENT,
     MODULE_LABEL,
-    ImageState,
-    LoaderPlan,
     LoaderSettings,
-    gated_on,
     loader_pod_view,
-    plan,
 )
 from core.nodes import NodeView
 from core.registry import Answer, AnswerCache, Existence, check, credentials_for, registry_host

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from core.api import Module
-from core.loader import ImageState, ImageStatus, LoaderSettings, plan
+from core.loader import ImageState, ImageStatus, plan
+from core.loader_pod import LoaderSettings
 from core.nodes import NodeView
 from devcluster import cluster as devcluster
 from devcluster import registry as devregistry

@@ -6,7 +6,8 @@ from typing import Any
 
 from core.api import Module
 from core.build import BuildJob, BuildSettings, backoff, job_name, plan_builds
-from core.loader import ImageState, LoaderSettings, plan
+from core.loader import ImageState, plan
+from core.loader_pod import LoaderSettings
 from core.nodes import NodeView
 from core.registry import Answer, Existence
 

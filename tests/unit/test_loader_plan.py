@@ -10,19 +10,21 @@ from hypothesis import strategies as st
 from core.api import Module
 from core.kernel_mapping import resolve
 from core.loader import (
-    CONFIG_HASH,
-    KERNEL,
-    MODULE_VERSION,
     ImageState,
     ImageStatus,
     LoaderPlan,
-    LoaderPod,
-    LoaderSettings,
     Phase,
     gated_on,
-    loader_pod,
     max_unavailable,
     plan,
+)
+from core.loader_pod import (
+    CONFIG_HASH,
+    KERNEL,
+    MODULE_VERSION,
+    LoaderPod,
+    LoaderSettings,
+    loader_pod,
 )
 from core.nodes import NodeView, Taint
 
