@@ -216,7 +216,8 @@ class Engine:
             self.kube.create(job)
             image = job["metadata"]["annotations"][IMAGE_ANNOTATION]
             self.kube.event(
-                {**MODULE_REF, "name": name, "uid": meta.get("uid")},
+                # A namespaced object's Event must name its namespace, or it is refused.
+                {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
                 "Module",
                 "BuildCreated",
                 f"building {image} in Job {job['metadata']['name']}",

@@ -183,6 +183,8 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
     assert builder.built == [f"{oci_registry.host}/kmods/xe:{BUILT}"]
     jobs = client.BatchV1Api(kube_api).list_namespaced_job(namespace).items
     assert len(jobs) == 1
+    events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    assert any(e.reason == "BuildCreated" and jobs[0].metadata.name in e.message for e in events)
     pods = _pods(kube_api, namespace)
     assert sorted(pods) == sorted(mapped)
     for node, pod in pods.items():
