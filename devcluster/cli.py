@@ -59,9 +59,10 @@ def status(name: str) -> None:
         raise SystemExit(1)
     running = c.running()
     for component, alive in running.items():
+        log = c.log(component)
         click.echo(
             f"{component:26} {'running' if alive else 'STOPPED':8} pid {c.pids[component]}"
-            f"  log {c.log(component)}"
+            + (f"  log {log}" if log.exists() else "")
         )
     click.echo(f"apiserver  {c.server}")
     click.echo(f"kubeconfig {c.kubeconfig}")

@@ -124,10 +124,9 @@ def down(name: str = "default", echo: Echo = _say) -> None:
             shutil.rmtree(d, ignore_errors=True)
         echo(f"devcluster {name!r} is not running")
         return
-    for component in reversed(ORDER):
-        pid = cluster.pids.get(component)
-        if pid:
-            procs.stop(pid, component)
+    # Reverse start order; processes added later (the demo's registry) go first.
+    for component, pid in reversed(list(cluster.pids.items())):
+        procs.stop(pid, component)
     shutil.rmtree(cluster.dir, ignore_errors=True)
     echo(f"devcluster {name!r} stopped")
 

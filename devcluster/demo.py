@@ -347,6 +347,9 @@ def main() -> int:
     c = cluster.up(NAME, nodes=args.nodes, profile="mixed")
     d = Demo(c)
     reg = devregistry.start(c.dir / "registry", "demo", secrets.token_urlsafe(12), pki_dir=c.pki)
+    # Recorded with the cluster's processes, so `kmodkit dev down` stops it too.
+    c.pids["registry"] = reg.pid
+    c.save()
     stop = threading.Event()
     try:
         step("the simulated fleet: accelerators and kernels")
