@@ -12,7 +12,6 @@ Ends by stopping everything (``--keep`` leaves the cluster up).
 from __future__ import annotations
 
 import argparse
-import base64
 import secrets
 import subprocess
 import sys
@@ -22,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster
+from devcluster import build, cluster, manifests
 from devcluster import registry as devregistry
 from devcluster.operator import running_operator
+from devcluster.waiting import wait_until
 
 NAME = "demo"
 NS = "kmodkit-system"  # the operator's namespace
@@ -37,11 +37,7 @@ def step(msg: str) -> None:
 
 
 def wait(what: str, probe: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"demo: timed out waiting for {what}")
-        time.sleep(0.5)
+    wait_until(probe, what, timeout=timeout, interval=0.5)
     print(f"    ok: {what}")
 
 
@@ -64,26 +60,9 @@ class Demo:
 
 
 def install_crds(api: Any) -> None:
-    from kubernetes import client
-
     from core.crdgen import generated_documents
 
-    ext: Any = client.ApiextensionsV1Api(api)
-    adm: Any = client.AdmissionregistrationV1Api(api)
-    opts = {
-        "field_manager": "kmodkit-demo",
-        "force": True,
-        "_content_type": "application/apply-patch+yaml",
-    }
-    for docs in generated_documents().values():
-        for doc in docs:
-            name = doc["metadata"]["name"]
-            if doc["kind"] == "CustomResourceDefinition":
-                ext.patch_custom_resource_definition(name, doc, **opts)
-            elif doc["kind"] == "ValidatingAdmissionPolicy":
-                adm.patch_validating_admission_policy(name, doc, **opts)
-            elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
-                adm.patch_validating_admission_policy_binding(name, doc, **opts)
+    manifests.install(api, (d for docs in generated_documents().values() for d in docs))
 
 
 def play_builder(d: Demo, reg: devregistry.Registry, stop: threading.Event) -> None:
@@ -376,16 +355,7 @@ def main() -> int:
                 }
             }
         )
-        d.core.create_namespaced_secret(
-            NS,
-            {
-                "metadata": {"name": "registry"},
-                "type": "kubernetes.io/dockerconfigjson",
-                "data": {
-                    ".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()
-                },
-            },
-        )
+        d.core.create_namespaced_secret(NS, reg.pull_secret("registry"))
         d.kubectl(
             "apply", "-n", NS, "-f", str(ROOT / "docs" / "samples" / "xe-build-configmap.yaml")
         )

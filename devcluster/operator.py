@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import procs
+from devcluster.waiting import wait_until
 
 
 class Operator:
@@ -68,11 +68,10 @@ def running_operator(kubeconfig: str | Path, log: Path, **env: str) -> Iterator[
         )
     op = Operator(proc, port, log)
     try:
-        deadline = time.monotonic() + 60
-        while op.health() is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"operator not healthy after 60s:\n{op.output()}")
-            time.sleep(0.25)
+        try:
+            wait_until(op.health, "the operator's health endpoint", timeout=60)
+        except AssertionError as err:
+            raise RuntimeError(f"{err}; its log ends:\n{op.output()}") from None
         yield op
     finally:
         op.stop()

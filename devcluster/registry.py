@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devcluster import build, pki, procs
 
@@ -38,6 +39,16 @@ class Registry:
                 }
             }
         )
+
+    def pull_secret(self, name: str) -> dict[str, Any]:
+        """A kubernetes.io/dockerconfigjson Secret named ``name`` holding this registry's login."""
+        return {
+            "metadata": {"name": name},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {
+                ".dockerconfigjson": base64.b64encode(self.dockerconfigjson().encode()).decode()
+            },
+        }
 
     def stop(self) -> None:
         procs.stop(self.pid, "registry")

@@ -100,22 +100,12 @@ def bench_cluster(n: int) -> None:
         report(bench="kwok_nodes_ready", nodes=n, seconds=round(time.monotonic() - started, 1))
         api = devcluster.api_client(c)
         core: Any = client.CoreV1Api(api)
-        import base64
 
         from tests.integration.crds_util import install
 
         install(api)
         core.create_namespace({"metadata": {"name": NS}})
-        core.create_namespaced_secret(
-            NS,
-            {
-                "metadata": {"name": "pull"},
-                "type": "kubernetes.io/dockerconfigjson",
-                "data": {
-                    ".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()
-                },
-            },
-        )
+        core.create_namespaced_secret(NS, reg.pull_secret("pull"))
         for k in KERNELS:
             reg.push(f"{reg.host}/bench:{k}")
         ready = f"kmm.node.kubernetes.io/{NS}.bench.ready"

@@ -23,8 +23,8 @@ from kubernetes import client, watch
 from core.rollout import RolloutKeys
 from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
+from devcluster.waiting import wait_until
 from tests.e2e.rollout_driver import DEVICE_PATH, DEVICE_PODS_AT_SWAP, SWAPS, VERSION
-from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = "tenstorrent.com/deploy.tt-telemetry"

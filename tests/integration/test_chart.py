@@ -20,10 +20,10 @@ from kubernetes.client.exceptions import ApiException
 from backends.tenstorrent.settings import TenstorrentSettings
 from core.runtime.plugins import discover
 from devcluster import build
+from devcluster.manifests import apply, wait_established
 from devcluster.operator import running_operator
 from devcluster.versions import KUBERNETES_VERSION
-from tests.integration.crds_util import apply, wait_established
-from tests.waiting import wait_until
+from devcluster.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
 DIGEST = "sha256:" + "ab" * 32

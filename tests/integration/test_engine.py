@@ -7,7 +7,6 @@ appears it pushes the image, as kaniko would), the third kernel unmapped.
 
 from __future__ import annotations
 
-import base64
 import threading
 import uuid
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
 from devcluster.operator import Operator, running_operator
 from devcluster.registry import Registry
+from devcluster.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.waiting import wait_until
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 PUSHED, BUILT, UNMAPPED = "6.8.0-45-generic", "7.0.0-14-generic", "5.14.0-427.el9.x86_64"
@@ -63,16 +62,7 @@ def operator(
 
 
 def _secret(kube_api: Any, namespace: str, reg: Registry) -> None:
-    client.CoreV1Api(kube_api).create_namespaced_secret(
-        namespace,
-        {
-            "metadata": {"name": "pull"},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {
-                ".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()
-            },
-        },
-    )
+    client.CoreV1Api(kube_api).create_namespaced_secret(namespace, reg.pull_secret("pull"))
 
 
 def _module(name: str, tag: str, reg: Registry, **container: Any) -> dict[str, Any]:

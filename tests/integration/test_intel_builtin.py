@@ -8,7 +8,6 @@ labels, and ``kubectl get clusterpolicy`` shows both.
 
 from __future__ import annotations
 
-import base64
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -23,8 +22,8 @@ from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
 from devcluster.operator import Operator, running_operator
 from devcluster.registry import Registry
+from devcluster.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.waiting import wait_until
 
 KERNEL = "7.0.0-14-generic"
 CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
@@ -72,15 +71,7 @@ def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
     name = f"ib-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(kube_api)
     core.create_namespace({"metadata": {"name": name}})
-    config = base64.b64encode(oci_registry.dockerconfigjson().encode()).decode()
-    core.create_namespaced_secret(
-        name,
-        {
-            "metadata": {"name": "pull"},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {".dockerconfigjson": config},
-        },
-    )
+    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
     yield name
     core.delete_namespace(name, propagation_policy="Background")
 

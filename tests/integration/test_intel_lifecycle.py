@@ -10,7 +10,6 @@ KMM's schema; the one check that does is in tests/kmm (``make test-kmm``).
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,8 +22,8 @@ from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
 from devcluster.operator import Operator, running_operator
 from devcluster.registry import Registry
+from devcluster.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.waiting import wait_until
 
 # Two kernels, so one node can have its driver image while the other has none.
 KERNELS = ("7.0.0-14-generic", "6.8.0-45-generic")
@@ -42,15 +41,7 @@ def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
     core.create_namespace(
         {"metadata": {"name": name, "labels": {"kmodkit.io/operator-namespace": "true"}}}
     )
-    config = base64.b64encode(oci_registry.dockerconfigjson().encode()).decode()
-    core.create_namespaced_secret(
-        name,
-        {
-            "metadata": {"name": "pull"},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {".dockerconfigjson": config},
-        },
-    )
+    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
     yield name
     core.delete_namespace(name, propagation_policy="Background")
 

@@ -17,7 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from core.api import Module
-from tests.integration.crds_util import install, wait_for
+from devcluster.waiting import wait_until
+from tests.integration.crds_util import install
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
 from tests.unit.module_cases import CASES, Case
 
@@ -117,7 +118,7 @@ def _policy_refusal(objects: client.CustomObjectsApi, namespace: str, body: dict
         )
         return None
 
-    return wait_for("the name-length admission policy to take effect", refused, timeout=30)
+    return wait_until(refused, "the name-length admission policy to take effect", timeout=30)
 
 
 def test_name_and_namespace_at_the_limit_are_accepted(

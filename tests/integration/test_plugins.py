@@ -10,7 +10,6 @@ disabling the example by configuration leaves its objects alone.
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -27,12 +26,12 @@ from kubernetes.client.exceptions import ApiException
 from core import labels
 from core.backend import CONTRACT_VERSION
 from devcluster import cluster as devcluster
+from devcluster.manifests import apply, wait_established
 from devcluster.nodes import node_manifest
 from devcluster.operator import running_operator
 from devcluster.registry import Registry
-from tests.integration.crds_util import apply, wait_established
+from devcluster.waiting import wait_until
 from tests.plugins.install import pip_install
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -89,15 +88,7 @@ def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
     name = f"acme-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(kube_api)
     core.create_namespace({"metadata": {"name": name}})
-    config = base64.b64encode(oci_registry.dockerconfigjson().encode()).decode()
-    core.create_namespaced_secret(
-        name,
-        {
-            "metadata": {"name": "pull"},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {".dockerconfigjson": config},
-        },
-    )
+    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
     oci_registry.push(f"{oci_registry.host}/acme/npu:{PUSHED}")
     yield name
     core.delete_namespace(name, propagation_policy="Background")

@@ -20,7 +20,6 @@ operator's metrics and ``kubectl kmodkit``.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -46,6 +45,7 @@ from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
 from devcluster.operator import running_operator
 from devcluster.registry import Registry
+from devcluster.waiting import wait_until
 from tests.integration import test_intel_lifecycle as intel
 from tests.integration import test_tt_firmware as ttfw
 from tests.integration.test_chart import CHART, Grant, Helm, grants
@@ -71,7 +71,6 @@ from tests.integration.test_tt_support import (
     patch_policy,
     status,
 )
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -277,16 +276,7 @@ def _kubectl(kubeconfig: str, *args: str) -> str:
 
 
 def _pull_secret(kube_api: Any, namespace: str, reg: Registry) -> None:
-    client.CoreV1Api(kube_api).create_namespaced_secret(
-        namespace,
-        {
-            "metadata": {"name": "pull"},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {
-                ".dockerconfigjson": base64.b64encode(reg.dockerconfigjson().encode()).decode()
-            },
-        },
-    )
+    client.CoreV1Api(kube_api).create_namespaced_secret(namespace, reg.pull_secret("pull"))
 
 
 def _gone(read: Any) -> bool:

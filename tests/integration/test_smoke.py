@@ -13,7 +13,7 @@ from kubernetes.client.rest import ApiException
 from devcluster import cluster as devcluster
 from devcluster.nodes import node_manifest
 from devcluster.operator import running_operator
-from tests.waiting import wait_until
+from devcluster.waiting import wait_until
 
 
 def _uid() -> str:

@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client
 
 from backends.tenstorrent import demo_objects
+from devcluster.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,
@@ -34,7 +35,6 @@ from tests.integration.test_tt_support import (
     status,
     tt_operator,
 )
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

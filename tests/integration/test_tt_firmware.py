@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devcluster.waiting import wait_until
 from tests.integration.test_tt_support import (
     DRIVER,
     FIRMWARE,
@@ -30,7 +31,6 @@ from tests.integration.test_tt_support import (
     status,
     tt_operator,
 )
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.crds_util import apply, install, wait_established
+from devcluster.manifests import apply, wait_established
+from tests.integration.crds_util import install
 
 ENV = "KMODKIT_KMM_CRDS"
 MODULE_CRD = "kmm.sigs.x-k8s.io_modules.yaml"

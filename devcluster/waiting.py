@@ -1,4 +1,4 @@
-"""Polling with a deadline, for tests that wait on a real cluster to converge."""
+"""Polling with a deadline, for code and tests that wait on a real cluster to converge."""
 
 from __future__ import annotations
 
