@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from core import labels
@@ -75,8 +76,6 @@ def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
 
 
 def _timestamp(value: str | None) -> float | None:
-    from datetime import datetime
-
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
+from kubernetes import dynamic
+from kubernetes.dynamic.exceptions import NotFoundError
 
 from core import labels
 from core.backend import ClusterView, Obj, Plan, Resource
@@ -264,8 +266,6 @@ class ResourceController:
             meta = obj.get("metadata") or {}
             if meta.get("deletionTimestamp"):
                 continue
-            from kubernetes.dynamic.exceptions import NotFoundError
-
             with contextlib.suppress(NotFoundError):
                 self._resource_for(obj).delete(
                     name=meta.get("name"), namespace=meta.get("namespace")
@@ -273,8 +273,6 @@ class ResourceController:
 
     def _resource_for(self, obj: Obj) -> Any:
         if self._dynamic is None:
-            from kubernetes import dynamic
-
             untyped: Any = dynamic  # the dynamic client has no type hints
             self._dynamic = untyped.DynamicClient(self.shared.kube.api)
         return self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])

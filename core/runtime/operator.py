@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import sys
 from typing import Any
@@ -85,8 +86,6 @@ def backend_settings() -> dict[str, str]:
     The chart sets these (images, ``controller.extraEnv`` proxy variables under
     ``KMODKIT_EXTRA_ENV_*``, deploy gates); backends read what they need.
     """
-    import os
-
     return {k: v for k, v in os.environ.items() if k.startswith("KMODKIT_")}
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from core.nodes import NodeView, node_view
 from core.runtime.kube import Kube
@@ -65,8 +66,6 @@ class Shared:
     def register(self, registry: kopf.OperatorRegistry) -> None:
         @kopf.on.startup(registry=registry)
         def discover_groups(**_: Any) -> None:
-            from kubernetes import client
-
             apis: Any = client.ApisApi(self.kube.api)
             ext: Any = client.ApiextensionsV1Api(self.kube.api)
             served = {g.name for g in apis.get_api_versions().groups}
