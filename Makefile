@@ -5,31 +5,33 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devcluster/pyproject.toml agent/pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: setup system-deps devcluster-bin lint test unit demo crds bench clean
 
 system-deps:
 	@command -v go >/dev/null || { echo "Go 1.26 is required to build the local control plane" >&2; exit 1; }
-	@missing=""; for c in openssl busybox; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	@missing=""; command -v openssl >/dev/null || missing="openssl"; \
+	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 	@echo "setup: Python environment in $(VENV)"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/pip install -q --upgrade pip 'setuptools>=70.1'
-	@$(BIN)/pip install -q -e '.[dev]'
+	@$(BIN)/pip install -q -e '.[dev]' -e ./devcluster
 	@rm -f $(VENV)/.installed-*; touch $@
 
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m devcluster.build etcd kubernetes kwok registry helm
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=tests/plugins/kmodkit-example $(BIN)/lint-imports
 	$(BIN)/mypy
 
 unit: setup
@@ -49,7 +51,7 @@ test-kmm:
 	KMODKIT_KMM_CRDS="$(abspath $(KMODKIT_KMM_CRDS))" $(BIN)/pytest tests/kmm -ra
 
 demo: setup
-	@$(BIN)/python -m devcluster.demo
+	@$(BIN)/python -m kmodkit_dev.demo
 
 bench: devcluster-bin
 	@$(BIN)/python -m tests.bench.run

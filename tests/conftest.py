@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from devcluster import cluster as devcluster
-from devcluster import registry as devregistry
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import registry as devregistry
 
 CLUSTER_NAME = f"pytest-{os.getpid()}"
 

@@ -21,14 +21,15 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from core.api import Module
-from core.loader import ImageState, ImageStatus, plan
-from core.loader_pod import LoaderSettings
-from core.nodes import NodeView
-from devcluster import cluster as devcluster
-from devcluster import registry as devregistry
-from devcluster.nodes import KERNELS, node_manifest
-from devcluster.operator import running_operator
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import registry as devregistry
+from kmodkit_dev.nodes import KERNELS, node_manifest
+from kmodkit_dev.operator import running_operator
+
+from kmodkit.core.api import Module
+from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
+from kmodkit.core.engine.loader_pod import LoaderSettings
+from kmodkit.core.nodes import NodeView
 
 NS = "bench"
 

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from core.rollout import Pending, UpgradePolicy, Validated, Validation, reconcile
+from kmodkit.core.rollout import Pending, UpgradePolicy, Validated, Validation, reconcile
 
 VERSION = "e2e.kmodkit.io/driver-version"
 SWAPS = "e2e.kmodkit.io/swaps"

@@ -1,4 +1,4 @@
-"""The generated manifests in crds/, installed for tests (see devcluster.manifests)."""
+"""The generated manifests in crds/, installed for tests (see kmodkit_dev.manifests)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kmodkit_dev import manifests as devmanifests
 from kubernetes import client
-
-from devcluster import manifests as devmanifests
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 

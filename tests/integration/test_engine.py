@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev.nodes import node_manifest
+from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev.registry import Registry
+from kmodkit_dev.waiting import wait_until
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from devcluster import cluster as devcluster
-from devcluster.nodes import node_manifest
-from devcluster.operator import Operator, running_operator
-from devcluster.registry import Registry
-from devcluster.waiting import wait_until
 from tests.integration.crds_util import install
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"

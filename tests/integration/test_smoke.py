@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev.nodes import node_manifest
+from kmodkit_dev.operator import running_operator
+from kmodkit_dev.waiting import wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from devcluster import cluster as devcluster
-from devcluster.nodes import node_manifest
-from devcluster.operator import running_operator
-from devcluster.waiting import wait_until
 
 
 def _uid() -> str:

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kmodkit_dev import build
+from kmodkit_dev.registry import Registry
 from kubernetes import client
-
-from devcluster import build
-from devcluster.registry import Registry
 
 
 def _get(reg: Registry, path: str, auth: tuple[str, str] | None, method: str = "GET") -> int:

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import tenstorrent_demo as demo_objects
+from kmodkit_dev.nodes import TENSTORRENT_LABELS, node_manifest
+from kmodkit_dev.operator import Operator, running_operator
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from backends.tenstorrent import demo_objects
-from devcluster import cluster as devcluster
-from devcluster.nodes import TENSTORRENT_LABELS, node_manifest
-from devcluster.operator import Operator, running_operator
 from tests.integration.crds_util import install
 
 MERGE = "application/merge-patch+json"

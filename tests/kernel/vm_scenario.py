@@ -33,7 +33,7 @@ FIRMWARE_BYTES = os.urandom(5000)
 
 
 def agent(*args: str) -> tuple[int, list[dict[str, Any]]]:
-    command = [sys.executable, "-c", "from core.agent.cli import main; main()"]
+    command = [sys.executable, "-c", "from kmodkit.agent.cli import main; main()"]
     done = subprocess.run(
         [*command, "--host-root", str(NODE), "--config", str(CONFIG), *args],
         cwd=REPO,

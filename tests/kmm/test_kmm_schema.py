@@ -16,8 +16,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from backends.intel_xe.plan import plan
-from core.backend import ClusterView
+from kmodkit.backends.intel_xe.plan import plan
+from kmodkit.core.contract.backend import ClusterView
 
 KMM_GROUP, KMM_VERSION, MODULES = "kmm.sigs.x-k8s.io", "v1beta1", "modules"
 SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "samples" / "clusterpolicy-ubuntu26.04.yaml"

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from core.agent.actions import HostAccess, NodeAgent
-from core.agent.config import AgentConfig, parse_config
-from core.agent.hostroot import HostRoot
-from core.agent.jsonlog import EventLog
+from kmodkit.agent.actions import HostAccess, NodeAgent
+from kmodkit.agent.config import AgentConfig, parse_config
+from kmodkit.agent.hostroot import HostRoot
+from kmodkit.agent.jsonlog import EventLog
 from tests.node.simulated_kernel import SimulatedKernel, write_module
 
 TOP = "tenstorrent"

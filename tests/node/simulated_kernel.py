@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.agent.kmod import CommandResult
+from kmodkit.agent.kmod import CommandResult
 
 FIRMWARE_SEARCH = ("/lib/firmware/updates", "/lib/firmware")
 

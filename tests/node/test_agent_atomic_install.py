@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from core.agent.atomic_file import install_file
-from core.agent.cli import main
+from kmodkit.agent.atomic_file import install_file
+from kmodkit.agent.cli import main
 
 OLD = b"#!old tt-smi\n" + b"o" * 300_000
 NEW = b"#!new tt-smi\n" + b"n" * 200_000

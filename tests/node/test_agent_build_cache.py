@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.agent.build_cache import BuildFailed
-from core.agent.config import AgentConfig
-from core.agent.errors import AgentError
+from kmodkit.agent.build_cache import BuildFailed
+from kmodkit.agent.config import AgentConfig
+from kmodkit.agent.errors import AgentError
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from core.agent.cli import main
-from core.agent.errors import ExitCode
-from core.agent.host_lock import LockTimeout, host_lock
-from core.agent.lifecycle import serve
+from kmodkit.agent.cli import main
+from kmodkit.agent.errors import ExitCode
+from kmodkit.agent.host_lock import LockTimeout, host_lock
+from kmodkit.agent.lifecycle import serve
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def test_the_real_process_stops_cleanly_on_sigterm(node: Node, host_managed: boo
         [
             sys.executable,
             "-c",
-            "from core.agent.cli import main; main()",
+            "from kmodkit.agent.cli import main; main()",
             "--host-root",
             str(node.root),
             "--config",

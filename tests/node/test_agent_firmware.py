@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from core.agent.errors import AgentError
-from core.agent.firmware import kernel_searches
+from kmodkit.agent.errors import AgentError
+from kmodkit.agent.firmware import kernel_searches
 from tests.node.harness import DEP, TOP, Node
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.agent.errors import HostManaged
-from core.agent.host_mode import InstallMode, detect_host_mode
+from kmodkit.agent.errors import HostManaged
+from kmodkit.agent.host_mode import InstallMode, detect_host_mode
 from tests.node.harness import DEP, TOP, Node
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.agent.errors import AgentError, DeviceBusy
+from kmodkit.agent.errors import AgentError, DeviceBusy
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.agent.kernel_state import (
+from kmodkit.agent.kernel_state import (
     ModuleObservation,
     Presence,
     parse_modules_builtin,
     parse_proc_modules,
 )
-from core.agent.plan import LoadAction, assess_unload, decide_load, plan_in_tree_removal
+from kmodkit.agent.plan import LoadAction, assess_unload, decide_load, plan_in_tree_removal
 
 PROC_MODULES = """\
 tenstorrent 61440 1 - Live 0xffffffffc0a00000 (OE)

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from core.agent.errors import DeviceBusy
+from kmodkit.agent.errors import DeviceBusy
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 

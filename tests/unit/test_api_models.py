@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core.api import API_VERSION, Module, RegistryTLS
+from kmodkit.core.api import API_VERSION, Module, RegistryTLS
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.api import Module
-from core.build import BuildJob, BuildSettings, backoff, job_name, plan_builds
-from core.loader import ImageState, plan
-from core.loader_pod import LoaderSettings
-from core.nodes import NodeView
-from core.registry import Answer, Existence
+from kmodkit.core.api import Module
+from kmodkit.core.engine.build_plan import BuildJob, BuildSettings, backoff, job_name, plan_builds
+from kmodkit.core.engine.loader_plan import ImageState, plan
+from kmodkit.core.engine.loader_pod import LoaderSettings
+from kmodkit.core.engine.registry import Answer, Existence
+from kmodkit.core.nodes import NodeView
 
 K1, K2 = "6.8.0-45-generic", "7.0.0-14-generic"
 IMG1, IMG2 = f"r.io/xe:{K1}", f"r.io/xe:{K2}"

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from core import crdgen
+from kmodkit.core.cli import crds
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
 # kopf's peering CRD is kopf's, not generated from kmodkit's models.
@@ -17,7 +17,7 @@ NOT_GENERATED = {"kopf.dev_clusterkopfpeerings.yaml"}
 
 
 def test_chart_crds_are_the_generated_ones() -> None:
-    generated = crdgen.generated_files()
+    generated = crds.generated_files()
     shipped = {p.name: p.read_text(encoding="utf-8") for p in (CHART / "crds").glob("*.yaml")}
     stale = sorted(n for n in generated if shipped.get(n) != generated[n])
     extra = sorted(set(shipped) - set(generated) - NOT_GENERATED)

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from click.testing import CliRunner, Result
 
-from core.cli import main
+from kmodkit.core.cli.main import main
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
 
 KERNELS = ["6.8.0-45-generic", "6.12.0-55.el9_5.x86_64+", "5.14.0-284.el9.x86_64"]

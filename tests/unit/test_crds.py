@@ -10,14 +10,14 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from core import crdgen
-from core.crdgen import SchemaError, structural_schema
+from kmodkit.core.cli import crds
+from kmodkit.core.schema.crd import SchemaError, structural_schema
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 
 
 def _module_crd() -> dict[str, Any]:
-    (crd,) = crdgen.generated_documents()["kmodkit.io_modules.yaml"]
+    (crd,) = crds.generated_documents()["kmodkit.io_modules.yaml"]
     return crd
 
 
@@ -42,7 +42,7 @@ def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[s
 
 
 def test_crds_directory_matches_the_models() -> None:
-    expected = crdgen.generated_files()
+    expected = crds.generated_files()
     on_disk = {path.name: path.read_text(encoding="utf-8") for path in CRDS_DIR.glob("*.yaml")}
     assert sorted(on_disk) == sorted(expected), "run `make crds` to regenerate crds/"
     for name, text in expected.items():
@@ -130,7 +130,7 @@ def test_root_rules_use_only_what_cel_can_see_there() -> None:
     # name-plus-namespace limit therefore lives in the admission policy.
     for rule in _root()["x-kubernetes-validations"]:
         assert "namespace" not in rule["rule"]
-    policy, binding = crdgen.generated_documents()["kmodkit.io_modules_admission-policy.yaml"]
+    policy, binding = crds.generated_documents()["kmodkit.io_modules_admission-policy.yaml"]
     (validation,) = policy["spec"]["validations"]
     assert "object.metadata.namespace" in validation["expression"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
@@ -139,7 +139,7 @@ def test_root_rules_use_only_what_cel_can_see_there() -> None:
 def test_cli_output_is_all_documents() -> None:
     from click.testing import CliRunner
 
-    from core.cli import main
+    from kmodkit.core.cli.main import main
 
     result = CliRunner().invoke(main, ["crds"])
     assert result.exit_code == 0
@@ -151,20 +151,18 @@ def test_cli_output_is_all_documents() -> None:
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
-    expected = [doc for docs in crdgen.generated_documents().values() for doc in docs]
+    expected = [doc for docs in crds.generated_documents().values() for doc in docs]
     assert [d["metadata"]["name"] for d in documents] == [d["metadata"]["name"] for d in expected]
 
 
 def test_cli_writes_files(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from core.cli import main
+    from kmodkit.core.cli.main import main
 
     result = CliRunner().invoke(main, ["crds", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0
-    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == (
-        crdgen.generated_files()
-    )
+    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == (crds.generated_files())
 
 
 class _Union(BaseModel):

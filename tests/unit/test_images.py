@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.images import (
+from kmodkit.core.engine.images import (
     ImageReference,
     ImageReferenceError,
     parse_image_reference,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from backends.intel_xe.plan import DRA_DISABLED, NFD_MISSING, plan
-from backends.intel_xe.settings import DRA_GROUP
-from backends.intel_xe.status import MAX_ERRORS, bounded
-from core.api import API_VERSION, KMM_API_VERSION
-from core.backend import ClusterView, Obj
-from core.module_rules import validate_module
+from kmodkit.backends.intel_xe.plan import DRA_DISABLED, NFD_MISSING, plan
+from kmodkit.backends.intel_xe.settings import DRA_GROUP
+from kmodkit.backends.intel_xe.status import MAX_ERRORS, bounded
+from kmodkit.core.api import API_VERSION, KMM_API_VERSION
+from kmodkit.core.contract.backend import ClusterView, Obj
+from kmodkit.core.engine.module_rules import validate_module
 
 NS = "kmodkit-system"
 KMM = frozenset({"kmm.sigs.x-k8s.io"})

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import yaml
+from kmodkit_dev import xe_build_configmap as build_configmap
 
-from backends.intel_xe import build_configmap
-from backends.intel_xe.plan import plan
-from core.backend import ClusterView
+from kmodkit.backends.intel_xe.plan import plan
+from kmodkit.core.contract.backend import ClusterView
 
 SAMPLES = build_configmap.ROOT / "docs" / "samples"
 
@@ -15,7 +15,7 @@ def test_build_configmap_is_generated_from_the_dockerfile() -> None:
     dockerfile = build_configmap.DOCKERFILE.read_text(encoding="utf-8")
     on_disk = build_configmap.SAMPLE.read_text(encoding="utf-8")
     assert on_disk == build_configmap.render(dockerfile), (
-        "run `python -m backends.intel_xe.build_configmap` to regenerate the sample"
+        "run `python -m kmodkit_dev.xe_build_configmap` to regenerate the sample"
     )
     assert yaml.safe_load(on_disk)["data"]["dockerfile"] == dockerfile
 

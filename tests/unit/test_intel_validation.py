@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.intel_xe import api
-from backends.intel_xe.crd import CRD, admission_documents
-from backends.intel_xe.rules import cluster_policy_problems
-from core.crdgen import crd_manifest
+from kmodkit.backends.intel_xe import api
+from kmodkit.backends.intel_xe.crd import CRD, admission_documents
+from kmodkit.backends.intel_xe.rules import cluster_policy_problems
+from kmodkit.core.schema.crd import crd_manifest
 
 SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "samples" / "clusterpolicy-ubuntu26.04.yaml"
 
@@ -202,7 +202,7 @@ def test_name_and_operator_namespace_must_fit_kmm_label_keys() -> None:
 def test_cli_validates_cluster_policies(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from core.cli import main
+    from kmodkit.core.cli.main import main
 
     bad = copy.deepcopy(policy(kernelModule=kernel_module(modulesLoadingOrder=["xe"])))
     path = tmp_path / "cp.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.kernel import dns_safe, node_kernel, normalize_for_tag, template_values
+from kmodkit.core.kernel import dns_safe, node_kernel, normalize_for_tag, template_values
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.api import Build, BuildArg, LocalObjectReference, Module, RegistryTLS
-from core.kernel_mapping import (
+from kmodkit.core.api import Build, BuildArg, LocalObjectReference, Module, RegistryTLS
+from kmodkit.core.engine.kernel_mapping import (
     NoMatch,
     ResolvedMapping,
     ResolveError,

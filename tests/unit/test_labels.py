@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from core import labels
-from core.labels import LabelKeyError, ModuleKey, ModuleRef
+from kmodkit.core import labels
+from kmodkit.core.labels import LabelKeyError, ModuleKey, ModuleRef
 
 ALL_FAMILIES = [
     labels.READY,

@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.api import Module
-from core.kernel_mapping import resolve
-from core.loader import (
+from kmodkit.core.api import Module
+from kmodkit.core.engine.kernel_mapping import resolve
+from kmodkit.core.engine.loader_plan import (
     ImageState,
     ImageStatus,
     LoaderPlan,
@@ -18,7 +18,7 @@ from core.loader import (
     max_unavailable,
     plan,
 )
-from core.loader_pod import (
+from kmodkit.core.engine.loader_pod import (
     CONFIG_HASH,
     KERNEL,
     MODULE_VERSION,
@@ -26,7 +26,7 @@ from core.loader_pod import (
     LoaderSettings,
     loader_pod,
 )
-from core.nodes import NodeView, Taint
+from kmodkit.core.nodes import NodeView, Taint
 
 NS, NAME = "drivers", "xe"
 READY = f"kmm.node.kubernetes.io/{NS}.{NAME}.ready"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.module_rules import validate_module
+from kmodkit.core.engine.module_rules import validate_module
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
 from tests.unit.module_cases import CASES, Case
 

@@ -10,11 +10,18 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from core import cli
-from core.backend import CONTRACT_VERSION, Backend, ClusterView, Obj, Plan, Resource
-from core.crdgen import MODULE_CRD, CrdSource
-from core.runtime import plugins
-from core.runtime.plugins import discover
+from kmodkit.core.cli import main as cli
+from kmodkit.core.contract.backend import (
+    CONTRACT_VERSION,
+    Backend,
+    ClusterView,
+    Obj,
+    Plan,
+    Resource,
+)
+from kmodkit.core.runtime import plugins
+from kmodkit.core.runtime.plugins import discover
+from kmodkit.core.schema.crd import MODULE_CRD, CrdSource
 
 
 class Empty(BaseModel):
@@ -74,7 +81,7 @@ def test_an_import_error_is_reported_and_the_others_still_load() -> None:
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("NOT_A_BACKEND", "entry point 'x' is a dict, not a core.backend.Backend"),
+        ("NOT_A_BACKEND", "entry point 'x' is a dict, not a kmodkit.sdk.Backend"),
         ("RENAMED", "entry point 'x' declares a backend named 'other-name'"),
         ("MISSING_ATTRIBUTE", "AttributeError"),
     ],

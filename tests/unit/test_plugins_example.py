@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from core.backend import ClusterView, PlanFn
-from core.crdgen import crd_manifest
-from core.runtime.plugins import check
+from kmodkit.core.contract.backend import ClusterView, PlanFn
+from kmodkit.core.runtime.plugins import check
+from kmodkit.core.schema.crd import crd_manifest
 from tests.plugins.install import PLUGINS
 
 NS = "kmodkit-system"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.re2 import RegexpError, check_re2, re2_search
+from kmodkit.core.engine.re2 import RegexpError, check_re2, re2_search
 
 
 @pytest.mark.parametrize(

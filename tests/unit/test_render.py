@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from core.cli import main
-from core.render import RenderError, nodes_from, render
+from kmodkit.core.cli.main import main
+from kmodkit.core.cli.render import RenderError, nodes_from, render
 
 K1, K2 = "6.8.0-45-generic", "7.0.0-14-generic"
 

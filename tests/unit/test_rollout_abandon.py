@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from core.rollout.abandon import abandon_patch
-from core.rollout.keys import RolloutKeys
-from core.rollout.observed import encode_gates
+from kmodkit.core.rollout.abandon import abandon_patch
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import encode_gates
 
 KEYS = RolloutKeys.for_policy("ttdp/fleet")
 GATE = "tenstorrent.com/deploy.tt-telemetry"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from core.rollout.keys import RolloutKeys, scope_for
-from core.rollout.observed import NodeRecord, NodeView
-from core.rollout.plan import Context, plan
-from core.rollout.policy import UpgradePolicy
-from core.rollout.selectors import is_label_key
-from core.rollout.states import State
-from core.rollout.status import MAX_NODES, summarize
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.keys import RolloutKeys, scope_for
+from kmodkit.core.rollout.observed import NodeRecord, NodeView
+from kmodkit.core.rollout.plan import Context, plan
+from kmodkit.core.rollout.states import State
+from kmodkit.core.rollout.status import MAX_NODES, summarize
+from kmodkit.core.selectors import is_label_key
 
 
 def test_a_short_policy_id_is_used_as_is_and_readable() -> None:

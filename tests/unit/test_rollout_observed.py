@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from core.rollout.apply import patch_body
-from core.rollout.keys import RolloutKeys
-from core.rollout.observed import node_view_from, pod_view_from
-from core.rollout.plan import NodePatch
-from core.rollout.states import State
+from kmodkit.core.rollout.apply import patch_body
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import node_view_from, pod_view_from
+from kmodkit.core.rollout.plan import NodePatch
+from kmodkit.core.rollout.states import State
 
 KEYS = RolloutKeys.for_policy("fw.default")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from core.rollout.hooks import Failed, Pending, Validated
-from core.rollout.keys import RolloutKeys
-from core.rollout.observed import NodeRecord, NodeView, PodView
-from core.rollout.plan import Context, Plan, Step, plan
-from core.rollout.policy import UpgradePolicy
-from core.rollout.states import State
+from kmodkit.core.contract.hooks import Failed, Pending, Validated
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import NodeRecord, NodeView, PodView
+from kmodkit.core.rollout.plan import Context, Plan, Step, plan
+from kmodkit.core.rollout.states import State
 
 KEYS = RolloutKeys.for_policy("ttdp.default")
 NOW = 1_000_000.0
@@ -484,7 +484,7 @@ def test_a_node_no_longer_needing_the_change_before_the_swap_backs_out() -> None
 
 
 def test_an_unknown_state_value_counts_as_cleared() -> None:
-    from core.rollout.states import parse_state
+    from kmodkit.core.rollout.states import parse_state
 
     assert parse_state("upgrading") is None
 

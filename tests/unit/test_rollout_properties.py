@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.rollout.hooks import Failed, Pending, Validated
-from core.rollout.keys import RolloutKeys
-from core.rollout.observed import NodeRecord, NodeView, PodView
-from core.rollout.plan import Context, Plan, Step, plan
-from core.rollout.policy import UpgradePolicy
-from core.rollout.states import IN_FLIGHT, State
+from kmodkit.core.contract.hooks import Failed, Pending, Validated
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import NodeRecord, NodeView, PodView
+from kmodkit.core.rollout.plan import Context, Plan, Step, plan
+from kmodkit.core.rollout.states import IN_FLIGHT, State
 
 KEYS = RolloutKeys.for_policy("prop")
 NOW = 1_000_000.0

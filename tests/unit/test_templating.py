@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.kernel import TEMPLATE_VARIABLES, template_values
-from core.templating import TemplateError, check_template, referenced_variables, substitute
+from kmodkit.core.engine.templating import (
+    TemplateError,
+    check_template,
+    referenced_variables,
+    substitute,
+)
+from kmodkit.core.kernel import TEMPLATE_VARIABLES, template_values
 
 VALUES = {"KERNEL_FULL_VERSION": "6.8.0-45", "KERNEL_X": "6", "MOD_NAME": "xe", "EMPTY": ""}
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from backends.tenstorrent import backend
-from backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
-from core.cli_support import build_registry
-from core.crdgen import crd_manifest
+from kmodkit.backends.tenstorrent import backend
+from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
+from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
+from kmodkit.core.cli.support import build_registry
+from kmodkit.core.schema.crd import crd_manifest
 
 SEED_TTDP = {
     "apiVersion": "driver.tenstorrent.com/v1alpha1",

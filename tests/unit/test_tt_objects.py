@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from backends.tenstorrent import names
-from backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from backends.tenstorrent.driver_daemonset import daemonset, template_hash
-from backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
-from backends.tenstorrent.firmware_job import flash_job
-from backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.backends.tenstorrent import names
+from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
+from kmodkit.backends.tenstorrent.driver_daemonset import daemonset, template_hash
+from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
+from kmodkit.backends.tenstorrent.firmware_job import flash_job
+from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 
 
 def _spec(**extra: object) -> TenstorrentDriverPolicySpec:

@@ -6,13 +6,13 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from backends.tenstorrent import driver_plan, firmware_plan
-from backends.tenstorrent.builder_pods import builder_pod
-from backends.tenstorrent.driver_hooks import DriverTarget, needs_update, verdict
-from backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_flash
-from core.backend import ClusterView
-from core.nodes import NodeView
-from core.rollout.hooks import Pending, Validated
+from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
+from kmodkit.backends.tenstorrent.builder_pods import builder_pod
+from kmodkit.backends.tenstorrent.driver_hooks import DriverTarget, needs_update, verdict
+from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_flash
+from kmodkit.core.contract.backend import ClusterView
+from kmodkit.core.contract.hooks import Pending, Validated
+from kmodkit.core.nodes import NodeView
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PCI = {"feature.node.kubernetes.io/pci-1200_1e52.present": "true"}

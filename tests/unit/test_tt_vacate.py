@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from backends.tenstorrent.vacate import SCRIPT, VACATED, vacate_pod
+from kmodkit.backends.tenstorrent.vacate import SCRIPT, VACATED, vacate_pod
 
 KVER = "6.8.0-45-generic"
 FAKES = {

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core.api import Module
-from core.validation import Problem, ValidatorRegistry, field_path, schema_problems
+from kmodkit.core.api import Module
+from kmodkit.core.schema.validation import Problem, ValidatorRegistry, field_path, schema_problems
 
 
 def _always(problem: Problem) -> Any:

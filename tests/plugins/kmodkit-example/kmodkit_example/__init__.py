@@ -5,8 +5,7 @@ point in its pyproject.toml; ``kmodkit crds`` then prints its CRD and
 ``kmodkit run`` serves it. See docs/writing-a-backend.md.
 """
 
-from core.api import API_VERSION as MODULE_API_VERSION
-from core.backend import Backend, OwnedKind, Resource
+from kmodkit.sdk import MODULE_API_VERSION, Backend, OwnedKind, Resource
 from kmodkit_example.api import CRD, AcmeDriver, validate
 from kmodkit_example.plan import plan
 

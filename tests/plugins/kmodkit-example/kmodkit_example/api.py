@@ -11,10 +11,18 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from core.api.base import ImageRef, KubeModel, LabelSelector, ShortName, cel
-from core.api.common import ObjectMeta
-from core.crdgen import CrdSource, PrinterColumn
-from core.validation import Problem, schema_problems
+from kmodkit.sdk import (
+    CrdSource,
+    ImageRef,
+    KubeModel,
+    LabelSelector,
+    ObjectMeta,
+    PrinterColumn,
+    Problem,
+    ShortName,
+    cel,
+    schema_problems,
+)
 
 GROUP = "acme.example.com"
 VERSION = "v1alpha1"

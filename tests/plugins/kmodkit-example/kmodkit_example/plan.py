@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core import labels
-from core.api import API_VERSION as MODULE_API_VERSION
-from core.backend import ClusterView, Obj, Plan
+from kmodkit.sdk import MODULE_API_VERSION, MODULE_READY_LABEL, ClusterView, Obj, Plan
 from kmodkit_example.api import AcmeDriver
 
 DEVICE_PLUGIN_IMAGE = "KMODKIT_ACME_DEVICE_PLUGIN_IMAGE"
@@ -63,7 +61,7 @@ def device_plugin_manifest(
                     # loaded on the node's running kernel.
                     "nodeSelector": {
                         **driver.spec.node_selector,
-                        labels.READY.key(namespace, name): "",
+                        MODULE_READY_LABEL.key(namespace, name): "",
                     },
                     "containers": [
                         {

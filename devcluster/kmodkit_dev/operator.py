@@ -1,0 +1,77 @@
+"""Run the real operator (``kmodkit run``) against a devcluster, for the demo and tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kmodkit_dev import procs
+from kmodkit_dev.waiting import wait_until
+
+
+class Operator:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    def health(self) -> dict[str, Any] | None:
+        """The /healthz body, or None while it does not answer (an exit raises)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return dict(json.loads(r.read()))
+        except OSError:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"operator exited ({self.proc.returncode}):\n{self.output()}"
+                ) from None
+            return None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-8000:]
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit code (killed if it does not stop in time)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+@contextmanager
+def running_operator(kubeconfig: str | Path, log: Path, **env: str) -> Iterator[Operator]:
+    """Start ``kmodkit run``, wait until it is healthy, stop it with SIGTERM afterwards."""
+    port = procs.free_port()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "kmodkit"),
+                "run",
+                "--health-host",
+                "127.0.0.1",
+                "--health-port",
+                str(port),
+            ],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig), **env},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    op = Operator(proc, port, log)
+    try:
+        try:
+            wait_until(op.health, "the operator's health endpoint", timeout=60)
+        except AssertionError as err:
+            raise RuntimeError(f"{err}; its log ends:\n{op.output()}") from None
+        yield op
+    finally:
+        op.stop()

@@ -1,0 +1,480 @@
+"""What the agent does on a node: load, unload, report status.
+
+Each public method runs one command end to end and logs every step as a JSON
+line. Decisions come from ``plan`` (pure); this module observes, acts through
+the kmod layer and the host root, and turns refusals into ``AgentError``s that
+carry the exit code.
+
+The load sequence is ordered so that the node is never left worse than it was:
+everything that can fail without touching the kernel (host-mode check, build,
+image checks) runs before the first module is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from kmodkit.agent.atomic_file import install_file
+from kmodkit.agent.build_cache import ModuleCache
+from kmodkit.agent.config import AgentConfig
+from kmodkit.agent.errors import AgentError, DeviceBusy, HostManaged
+from kmodkit.agent.firmware import place_firmware, remove_firmware
+from kmodkit.agent.holders import Holder, find_holders
+from kmodkit.agent.host_lock import host_lock
+from kmodkit.agent.host_mode import HostModeReport, InstallMode, detect_host_mode
+from kmodkit.agent.hostroot import HostRoot
+from kmodkit.agent.jsonlog import EventLog
+from kmodkit.agent.kernel_state import KernelView, ModuleObservation, Presence, kernel_name
+from kmodkit.agent.kmod import CommandRunner, Kmod, KmodError, run_subprocess
+from kmodkit.agent.plan import (
+    LoadAction,
+    assess_unload,
+    decide_load,
+    plan_in_tree_removal,
+    readiness_problems,
+)
+
+Killer = Callable[[int, int], None]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+# How long a finished modprobe may take to report "live" (async probing).
+_VERIFY_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class HostAccess:
+    """How the agent reaches the node; tests swap in a simulated kernel."""
+
+    kmod_runner: CommandRunner = run_subprocess
+    build_runner: CommandRunner = run_subprocess
+    kill: Killer = os.kill
+    poll_interval: float = 0.25
+    lock_timeout: float = 300.0
+
+
+def report_host_mode(host: HostRoot, dkms_modules: list[str], log: EventLog) -> HostModeReport:
+    report = detect_host_mode(host, dkms_modules)
+    log.info(
+        "host_mode.detected",
+        install_mode=str(report.mode),
+        signals=[{"kind": s.kind, "path": s.path} for s in report.signals],
+        dkms_modules=dkms_modules,
+    )
+    return report
+
+
+class NodeAgent:
+    def __init__(
+        self, config: AgentConfig, host: HostRoot, log: EventLog, access: HostAccess
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.log = log
+        self.access = access
+        self.kernel = config.kernel_version or host.kernel_release()
+        self.kmod = Kmod(access.kmod_runner)
+        self.view = KernelView(host, self.kernel)
+        self.top = config.modprobe.module_name
+        self.replaces_in_tree = frozenset(config.loading_order) & frozenset(
+            config.in_tree_modules_to_remove
+        )
+
+    # -- commands ---------------------------------------------------------
+
+    def load(self) -> None:
+        self._require_container_mode()
+        with self._lock():
+            order = self.config.loading_order
+            observed = self.view.observe(order)
+            decision = decide_load(order, observed, self.config.version, self.replaces_in_tree)
+            self.log.info(
+                "load.decision",
+                action=str(decision.action),
+                reasons=list(decision.reasons),
+                kernel=self.kernel,
+                version=self.config.version,
+                modules=list(order),
+            )
+            if decision.action is LoadAction.BLOCKED:
+                raise AgentError(
+                    f"cannot load {self.top}: {'; '.join(decision.reasons)}; "
+                    "a built-in module cannot be replaced by a loadable one",
+                    reasons=list(decision.reasons),
+                )
+            if decision.action is not LoadAction.NOTHING:
+                self._load_modules(observed, decision.unload_first)
+            self._install_host_files()
+            self._log_ready()
+
+    def unload(self, *, force: bool) -> None:
+        self._require_container_mode()
+        if self.config.modprobe.args.unload:
+            self.log.warning(
+                "modprobe.args_unload_ignored",
+                message="modules are removed one by one with rmmod, in reverse loading "
+                "order; modprobe.args.unload does not apply",
+                args=self.config.modprobe.args.unload,
+            )
+        with self._lock():
+            self._unload_modules(self.config.unloading_order, force=force, purpose="unload")
+            firmware_dir = self.config.modprobe.firmware_path
+            if firmware_dir is not None and Path(firmware_dir).is_dir():
+                removed = remove_firmware(
+                    self.host, Path(firmware_dir), self.config.firmware_host_path
+                )
+                self.log.info("firmware.removed", files=removed)
+            self.log.info("unload.done", modules=list(self.config.unloading_order))
+
+    def status(self) -> list[str]:
+        """Problems keeping the driver from being ready, read from the live kernel."""
+        order = self.config.loading_order
+        observed = self.view.observe(order)
+        for name in order:
+            self.log.info("module.observed", **_observation_log(observed[name]))
+        problems = readiness_problems(order, observed, self.config.version, self.replaces_in_tree)
+        self.log.info(
+            "status",
+            ready=not problems,
+            problems=problems,
+            kernel=self.kernel,
+            expected_version=self.config.version,
+        )
+        return problems
+
+    # -- load steps -------------------------------------------------------
+
+    def _load_modules(
+        self, observed: dict[str, ModuleObservation], unload_first: tuple[str, ...]
+    ) -> None:
+        source = self._prepare_source()
+        previous = observed[self.top].version if unload_first else None
+        if unload_first:
+            self._unload_modules(unload_first, force=self.config.force_unload, purpose="replace")
+        self._remove_in_tree_modules()
+        self._place_firmware()
+        try:
+            self._insert(source)
+            self._verify()
+        except AgentError as failure:
+            self._roll_back(previous, failure)
+            raise
+
+    def _prepare_source(self) -> ModuleSource:
+        """Make the new modules ready on disk; failing here leaves the kernel untouched."""
+        build = self.config.build
+        if build is None:
+            return self._check_image()
+        version = self.config.version
+        assert version is not None  # guaranteed by AgentConfig validation
+        cache = ModuleCache(self.host, build.cache_dir)
+        where = self.host.host_view(cache.version_dir(self.kernel, version))
+        if cache.has(self.kernel, version, self.config.loading_order):
+            self.log.info("build.cache_hit", kernel=self.kernel, version=version, path=where)
+        else:
+            self.log.info("build.started", kernel=self.kernel, version=version, path=where)
+            tail = cache.build(
+                kernel=self.kernel,
+                version=version,
+                modules=self.config.loading_order,
+                command=build.command,
+                run=self.access.build_runner,
+                timeout=build.timeout_seconds,
+            )
+            self.log.info("build.done", kernel=self.kernel, version=version, output_tail=tail)
+        return ModuleSource(cache=cache, version=version)
+
+    def _check_image(self) -> ModuleSource:
+        base = self.config.modprobe.dir_name
+        modules_dir = Path(base) / "lib" / "modules" / self.kernel
+        if not modules_dir.is_dir():
+            raise AgentError(
+                f"the image has no modules for kernel {self.kernel}: {modules_dir} does not "
+                "exist; build or pick an image for this kernel",
+                kernel=self.kernel,
+                path=str(modules_dir),
+            )
+        if not (modules_dir / "modules.dep").is_file():
+            # modprobe resolves dependencies from modules.dep; images often ship without it.
+            result = self._kmod(self.kmod.depmod, base, self.kernel)
+            self.log.info("image.depmod", argv=list(result.argv))
+        versions = {
+            name: self._kmod(
+                self.kmod.modinfo_field, name, "version", base_dir=base, kernel=self.kernel
+            )
+            for name in self.config.loading_order
+        }
+        self.log.info("image.checked", path=str(modules_dir), versions=versions)
+        expected = self.config.version
+        if expected is not None and versions[self.top] != expected:
+            raise AgentError(
+                f"the image carries {self.top} version {versions[self.top] or 'unset'}, "
+                f"expected {expected}; the loaded driver was left in place",
+                found=versions[self.top],
+                expected=expected,
+            )
+        return ModuleSource(cache=None, version=expected)
+
+    def _remove_in_tree_modules(self) -> None:
+        names = self.config.in_tree_modules_to_remove
+        if not names:
+            return
+        observed = self.view.observe(names)
+        removal = plan_in_tree_removal(names, observed)
+        for name in removal.builtin:
+            self.log.warning(
+                "in_tree.builtin",
+                module=name,
+                message=f"{name} is built into the kernel and cannot be removed; left as is",
+            )
+        for name in removal.absent:
+            self.log.info("in_tree.absent", module=name)
+        if removal.remove:
+            self._unload_modules(removal.remove, force=self.config.force_unload, purpose="in_tree")
+
+    def _place_firmware(self) -> None:
+        firmware_dir = self.config.modprobe.firmware_path
+        if firmware_dir is None:
+            return
+        image_dir = Path(firmware_dir)
+        if not image_dir.is_dir():
+            raise AgentError(
+                f"modprobe.firmwarePath {firmware_dir} does not exist in the image",
+                path=firmware_dir,
+            )
+        placed = place_firmware(self.host, image_dir, self.config.firmware_host_path, self.kernel)
+        self.log.info(
+            "firmware.placed",
+            host_dir=self.config.firmware_host_path,
+            installed=list(placed.installed),
+            unchanged=list(placed.unchanged),
+        )
+        if placed.class_path_set:
+            self.log.info(
+                "firmware.class_path_set",
+                path=self.config.firmware_host_path,
+                previous=placed.class_path_before,
+            )
+            if placed.class_path_before:
+                self.log.warning(
+                    "firmware.class_path_replaced",
+                    message="firmware_class.path held another directory; drivers that "
+                    "relied on it will not find their firmware there any more",
+                    previous=placed.class_path_before,
+                )
+        elif placed.class_path_needed and placed.class_path_before is None:
+            self.log.warning(
+                "firmware.class_path_unavailable",
+                message=f"the kernel does not search {self.config.firmware_host_path} and "
+                "has no firmware_class.path parameter; set firmwareHostPath to /lib/firmware",
+            )
+
+    def _insert(self, source: ModuleSource) -> None:
+        observed = self.view.observe(self.config.loading_order)
+        for name in self.config.loading_order:
+            if observed[name].presence is Presence.LOADED:
+                self.log.info("module.already_loaded", module=name)
+                continue
+            parameters = self.config.modprobe.parameters if name == self.top else []
+            if source.cache is not None:
+                path = source.cache.module_path(self.kernel, source.version or "", name)
+                result = self._kmod(self.kmod.insmod, path, parameters)
+            else:
+                result = self._kmod(
+                    self.kmod.modprobe,
+                    name,
+                    dir_name=self.config.modprobe.dir_name,
+                    args=self.config.modprobe.args.load,
+                    parameters=parameters,
+                )
+            self.log.info("module.loaded", module=name, argv=list(result.argv))
+
+    def _verify(self) -> None:
+        order = self.config.loading_order
+        deadline = time.monotonic() + _VERIFY_TIMEOUT_SECONDS
+        while True:
+            observed = self.view.observe(order)
+            problems = readiness_problems(
+                order, observed, self.config.version, self.replaces_in_tree
+            )
+            if not problems or time.monotonic() >= deadline:
+                break
+            time.sleep(self.access.poll_interval)
+        if problems:
+            raise AgentError(
+                f"{self.top} did not come up: {'; '.join(problems)}", problems=problems
+            )
+
+    def _roll_back(self, previous: str | None, failure: AgentError) -> None:
+        """Put the previous build back after a failed swap, when its cache entry exists."""
+        build = self.config.build
+        if build is None or previous is None or previous == self.config.version:
+            return
+        cache = ModuleCache(self.host, build.cache_dir)
+        if not cache.has(self.kernel, previous, self.config.loading_order):
+            self.log.warning("rollback.unavailable", version=previous, reason="not in cache")
+            return
+        self.log.warning("rollback.started", version=previous, cause=failure.message)
+        try:
+            self._unload_modules(self.config.unloading_order, force=False, purpose="rollback")
+            self._insert(ModuleSource(cache=cache, version=previous))
+        except AgentError as again:
+            self.log.error("rollback.failed", version=previous, message=again.message)
+            return
+        failure.fields["rolled_back_to"] = previous
+        self.log.warning("rollback.done", version=previous)
+
+    def _install_host_files(self) -> None:
+        for entry in self.config.host_files:
+            changed = install_file(Path(entry.source), self.host.path(entry.target), entry.mode)
+            self.log.info(
+                "host_file.installed" if changed else "host_file.unchanged",
+                source=entry.source,
+                target=entry.target,
+                mode=f"{entry.mode:04o}",
+            )
+
+    def _log_ready(self) -> None:
+        observed = self.view.observe(self.config.loading_order)
+        self.log.info(
+            "ready",
+            kernel=self.kernel,
+            version=observed[self.top].version,
+            modules=[_observation_log(observed[n]) for n in self.config.loading_order],
+        )
+
+    # -- unload -----------------------------------------------------------
+
+    def _unload_modules(self, order: tuple[str, ...], *, force: bool, purpose: str) -> None:
+        """Remove ``order``'s loaded modules, first to last, after freeing or refusing."""
+        assessment = assess_unload(order, self.view.observe(order))
+        if not assessment.loaded:
+            self.log.info("unload.nothing_loaded", modules=list(order), purpose=purpose)
+            return
+        if assessment.foreign_users:
+            users = {m: list(u) for m, u in assessment.foreign_users.items()}
+            raise DeviceBusy(
+                "refusing to unload: "
+                + "; ".join(f"{m} is used by module(s) {', '.join(u)}" for m, u in users.items())
+                + " which this agent does not manage; unload those first",
+                purpose=purpose,
+                module_users=users,
+            )
+        if assessment.process_refs:
+            self._free_devices(order, dict(assessment.process_refs), force=force, purpose=purpose)
+        for name in assessment.loaded:
+            try:
+                result = self._kmod(self.kmod.rmmod, name)
+            except AgentError as failure:
+                refs = assess_unload((name,), self.view.observe((name,))).process_refs
+                if refs:
+                    raise DeviceBusy(
+                        f"{name} was opened again while unloading; {failure.message}",
+                        purpose=purpose,
+                        refcnt=refs,
+                    ) from failure
+                raise
+            self.log.info("module.removed", module=name, purpose=purpose, argv=list(result.argv))
+
+    def _free_devices(
+        self, order: tuple[str, ...], refs: dict[str, int], *, force: bool, purpose: str
+    ) -> None:
+        holders = find_holders(self.host, self.config.device_paths)
+        details = {
+            "purpose": purpose,
+            "refcnt": refs,
+            "holders": [h.as_log() for h in holders],
+            "device_paths": self.config.device_paths,
+        }
+        if not force:
+            raise DeviceBusy(
+                f"refusing to unload: {_describe_refs(refs)} held by {_describe(holders)}; "
+                "drain the workloads using the device, or enable forceUnload",
+                **details,
+            )
+        if not holders:
+            raise DeviceBusy(
+                f"cannot force-unload: {_describe_refs(refs)} but no process holds "
+                f"{', '.join(self.config.device_paths) or 'a configured device path'}; "
+                "the loader pod needs hostPID and devicePaths to see the holders",
+                **details,
+            )
+        for holder in holders:
+            self.log.warning("holder.killed", purpose=purpose, **holder.as_log())
+            try:
+                self.access.kill(holder.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # it exited on its own meanwhile
+        deadline = time.monotonic() + self.config.unload_timeout_seconds
+        while True:
+            remaining = assess_unload(order, self.view.observe(order)).process_refs
+            if not remaining:
+                return
+            if time.monotonic() >= deadline:
+                still = find_holders(self.host, self.config.device_paths)
+                raise DeviceBusy(
+                    f"still busy {self.config.unload_timeout_seconds:g}s after killing "
+                    f"{_describe(holders)}: {_describe_refs(remaining)}, held by "
+                    f"{_describe(still)}",
+                    purpose=purpose,
+                    refcnt=remaining,
+                    holders=[h.as_log() for h in still],
+                )
+            time.sleep(self.access.poll_interval)
+
+    # -- helpers ----------------------------------------------------------
+
+    def _require_container_mode(self) -> None:
+        report = report_host_mode(self.host, self.config.dkms_names, self.log)
+        if report.mode is InstallMode.HOST:
+            raise HostManaged(
+                "the driver is managed by DKMS on this host; the agent leaves it alone. "
+                "Remove the DKMS signals to hand it over",
+                signals=[s.path for s in report.signals],
+            )
+
+    def _lock(self) -> AbstractContextManager[None]:
+        return host_lock(self.host, kernel_name(self.top), self.access.lock_timeout)
+
+    @staticmethod
+    def _kmod(call: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return call(*args, **kwargs)
+        except KmodError as exc:
+            raise AgentError(str(exc), argv=list(exc.result.argv)) from exc
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """Where the new modules come from: the build cache, or the image via modprobe."""
+
+    cache: ModuleCache | None
+    version: str | None
+
+
+def _observation_log(seen: ModuleObservation) -> dict[str, object]:
+    return {
+        "module": seen.name,
+        "presence": str(seen.presence),
+        "initstate": seen.initstate,
+        "refcnt": seen.refcnt,
+        "version": seen.version,
+        "used_by": list(seen.used_by),
+    }
+
+
+def _describe_refs(refs: dict[str, int]) -> str:
+    return ", ".join(f"{m} has {n} open reference(s)" for m, n in refs.items())
+
+
+def _describe(holders: list[Holder]) -> str:
+    if not holders:
+        return "no visible process"
+    return ", ".join(f"pid {h.pid} ({h.comm}) on {', '.join(h.devices)}" for h in holders)

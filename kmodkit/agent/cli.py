@@ -1,0 +1,200 @@
+"""``kmodkit-agent``: the command the loader and builder pods run.
+
+Every subcommand writes JSON lines to stdout and exits with a code from
+``kmodkit.agent.errors.ExitCode`` (documented in docs/node-agent.md). Tests pass a
+``HostAccess`` as the click context object to run the same commands against a
+simulated kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kmodkit.agent.actions import HostAccess, NodeAgent, report_host_mode
+from kmodkit.agent.atomic_file import install_file
+from kmodkit.agent.config import AgentConfig, load_config
+from kmodkit.agent.errors import AgentError, ConfigError, ExitCode
+from kmodkit.agent.host_mode import InstallMode
+from kmodkit.agent.hostroot import HostRoot
+from kmodkit.agent.jsonlog import EventLog
+from kmodkit.agent.lifecycle import install_stop_handlers, serve
+
+
+@dataclass(frozen=True)
+class _Invocation:
+    access: HostAccess
+    host: HostRoot
+    config_path: Path | None
+
+    def config(self, **overrides: Any) -> AgentConfig:
+        if self.config_path is None:
+            raise ConfigError("this command needs --config (or KMODKIT_AGENT_CONFIG)")
+        config = load_config(self.config_path)
+        updates = {key: value for key, value in overrides.items() if value is not None}
+        return config.model_copy(update=updates) if updates else config
+
+    def agent(self, log: EventLog, **overrides: Any) -> NodeAgent:
+        return NodeAgent(self.config(**overrides), self.host, log, self.access)
+
+
+def _finish(command: str, body: Callable[[EventLog], ExitCode | None]) -> None:
+    """Run one subcommand: log its failure as one line, always log the exit code."""
+    log = EventLog(command)
+    try:
+        code = body(log) or ExitCode.OK
+    except AgentError as exc:
+        log.error(exc.event, message=exc.message, **exc.fields)
+        code = exc.exit_code
+    except Exception as exc:  # the last line of defence: still one JSON line, never a bare trace
+        log.error(
+            "crashed", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
+        )
+        code = ExitCode.FAILED
+    log.info("exit", exit_code=int(code), result=code.name.lower())
+    raise SystemExit(int(code))
+
+
+_force_option = click.option(
+    "--force-unload/--no-force-unload",
+    default=None,
+    help="SIGKILL the processes holding the device before unloading (overrides forceUnload).",
+)
+
+
+@click.group()
+@click.option(
+    "--host-root",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/",
+    show_default=True,
+    envvar="KMODKIT_HOST_ROOT",
+    help="Where the host's root filesystem is mounted in this container.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="KMODKIT_AGENT_CONFIG",
+    help="Agent configuration, YAML or JSON.",
+)
+@click.pass_context
+def main(ctx: click.Context, host_root: Path, config_path: Path | None) -> None:
+    """Load, unload and report an out-of-tree kernel driver on this node."""
+    access = ctx.obj if isinstance(ctx.obj, HostAccess) else HostAccess()
+    ctx.obj = _Invocation(access, HostRoot(host_root), config_path)
+
+
+@main.command()
+@click.option(
+    "--dkms-module",
+    "dkms_modules",
+    multiple=True,
+    help="DKMS module name to look for (repeatable); default: from --config.",
+)
+@click.pass_obj
+def detect(inv: _Invocation, dkms_modules: tuple[str, ...]) -> None:
+    """Report whether DKMS manages the driver. Exit 0: container, 4: host."""
+
+    def body(log: EventLog) -> ExitCode:
+        names = list(dkms_modules) if dkms_modules else inv.config().dkms_names
+        report = report_host_mode(inv.host, names, log)
+        return ExitCode.HOST_MANAGED if report.mode is InstallMode.HOST else ExitCode.OK
+
+    _finish("detect", body)
+
+
+@main.command()
+@_force_option
+@click.option("--kernel-version", default=None, help="Override the kernel read from the host.")
+@click.pass_obj
+def load(inv: _Invocation, force_unload: bool | None, kernel_version: str | None) -> None:
+    """Load the driver (replacing a stale one) and verify it is live."""
+    _finish(
+        "load",
+        lambda log: inv.agent(log, force_unload=force_unload, kernel_version=kernel_version).load(),
+    )
+
+
+@main.command()
+@_force_option
+@click.pass_obj
+def unload(inv: _Invocation, force_unload: bool | None) -> None:
+    """Unload the driver in reverse loading order; refuse while the device is held."""
+
+    def body(log: EventLog) -> None:
+        agent = inv.agent(log, force_unload=force_unload)
+        agent.unload(force=agent.config.force_unload)
+
+    _finish("unload", body)
+
+
+@main.command()
+@click.option(
+    "--ready-if-host-managed",
+    is_flag=True,
+    help="Exit 0 instead of 4 on a DKMS-managed node (for readiness probes).",
+)
+@click.pass_obj
+def status(inv: _Invocation, ready_if_host_managed: bool) -> None:
+    """Report what is loaded now. Exit 0: ready, 4: host-managed, 5: not ready."""
+
+    def body(log: EventLog) -> ExitCode:
+        agent = inv.agent(log)
+        report = report_host_mode(inv.host, agent.config.dkms_names, log)
+        if report.mode is InstallMode.HOST:
+            agent.status()
+            return ExitCode.OK if ready_if_host_managed else ExitCode.HOST_MANAGED
+        return ExitCode.NOT_READY if agent.status() else ExitCode.OK
+
+    _finish("status", body)
+
+
+@main.command("install-file")
+@click.argument("source", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("target")
+@click.option("--mode", default="0755", show_default=True, help="Octal file mode.")
+@click.pass_obj
+def install_file_command(inv: _Invocation, source: Path, target: str, mode: str) -> None:
+    """Install SOURCE at host path TARGET atomically (readers never see a partial file)."""
+
+    def body(log: EventLog) -> None:
+        try:
+            bits = int(mode, 8)
+        except ValueError:
+            raise ConfigError(f"--mode {mode!r} is not an octal file mode") from None
+        changed = install_file(source, inv.host.path(target), bits)
+        log.info(
+            "host_file.installed" if changed else "host_file.unchanged",
+            source=str(source),
+            target=target,
+            mode=f"{bits:04o}",
+        )
+
+    _finish("install-file", body)
+
+
+@main.command()
+@_force_option
+@click.option(
+    "--unload-on-terminate/--leave-loaded-on-terminate",
+    default=None,
+    help="On SIGTERM, unload the driver or leave it loaded (overrides unloadOnTerminate).",
+)
+@click.pass_obj
+def run(inv: _Invocation, force_unload: bool | None, unload_on_terminate: bool | None) -> None:
+    """Load, then stay up until SIGTERM (the loader container's main process)."""
+    stop = threading.Event()
+    install_stop_handlers(stop)
+
+    def body(log: EventLog) -> None:
+        agent = inv.agent(log, force_unload=force_unload, unload_on_terminate=unload_on_terminate)
+        serve(agent, stop, unload_on_terminate=agent.config.unload_on_terminate)
+
+    _finish("run", body)

@@ -1,0 +1,149 @@
+"""What happens to the policy's Module on this pass: apply, hold, remove or recreate.
+
+Pure and stateless: every decision is read from the desired Module and the
+Modules the policy owns right now, so a restarted operator carries on where
+the last one stopped.
+
+- KMM refuses to switch ``version`` between empty and set on a live Module,
+  and a switch of engine must not leave two engines driving the same nodes.
+  Both are done by deleting the Module and creating it again once it is gone
+  (``Recreating``); a version bump with both set is applied in place.
+- Removing ``kernelModule`` deletes the Module (``Removing``), and the engine
+  unloads the driver.
+- While a GPU ResourceClaim is allocated, a Module that would be deleted is
+  held as it is: pulling the driver out from under running workloads is what
+  the guard prevents. The policy says which claims block it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kmodkit.backends.intel_xe.engine import API_VERSIONS
+from kmodkit.sdk import Obj
+
+RECHECK_SECONDS = 5.0
+"""Safety-net re-run while a Module is going away (its deletion event normally wakes us)."""
+_ENGINE_NAMES = {v: k for k, v in API_VERSIONS.items()}
+
+
+@dataclass(frozen=True)
+class ModuleOutcome:
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    kmm_status: str = "N/A"
+    errors: list[str] = field(default_factory=list)
+    requeue_after: float | None = None
+    serving: str | None = None
+    """The engine whose Module is applied or held this pass."""
+
+
+def reference(module: Mapping[str, Any]) -> str:
+    """``modules.<group>/<name>``, how the policy's messages name a Module."""
+    group = str(module.get("apiVersion", "")).split("/")[0]
+    return f"modules.{group}/{(module.get('metadata') or {}).get('name', '')}"
+
+
+def live_modules(owned: Sequence[Obj]) -> list[Obj]:
+    return [o for o in owned if o.get("kind") == "Module" and o.get("apiVersion") in _ENGINE_NAMES]
+
+
+def held(live: Obj) -> dict[str, Any]:
+    """A manifest that keeps ``live`` as it is (its content, not the server's bookkeeping)."""
+    meta = live.get("metadata") or {}
+    kept = {"name": meta.get("name")}
+    if meta.get("namespace"):
+        kept["namespace"] = meta["namespace"]
+    if meta.get("labels"):
+        kept["labels"] = dict(meta["labels"])
+    content = {k: v for k, v in live.items() if k not in ("metadata", "status")}
+    return {**content, "metadata": kept}
+
+
+def _deleting(module: Obj) -> bool:
+    return bool((module.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _version(module: Mapping[str, Any]) -> str:
+    spec = module.get("spec") or {}
+    return str(((spec.get("moduleLoader") or {}).get("container") or {}).get("version") or "")
+
+
+def _counts(module: Obj | None) -> tuple[int, int]:
+    loader = ((module or {}).get("status") or {}).get("moduleLoader") or {}
+    return int(loader.get("availableNumber") or 0), int(loader.get("desiredNumber") or 0)
+
+
+def _applied(desired: dict[str, Any], live: Obj | None) -> ModuleOutcome:
+    available, wanted = _counts(live)
+    errors = []
+    if wanted > 0 and available < wanted:
+        errors.append(
+            f"module loader not fully available ({available}/{wanted}) for {reference(desired)}"
+        )
+    return ModuleOutcome(
+        [desired],
+        f"{available}/{wanted}",
+        errors,
+        serving=_ENGINE_NAMES[desired["apiVersion"]],
+    )
+
+
+def _hold(alive: list[Obj], errors: list[str]) -> ModuleOutcome:
+    available, wanted = _counts(alive[0])
+    return ModuleOutcome(
+        [held(m) for m in alive],
+        f"{available}/{wanted}",
+        errors,
+        serving=_ENGINE_NAMES[alive[0]["apiVersion"]],
+    )
+
+
+def _pending(live: list[Obj]) -> list[str]:
+    return [f"{reference(m)} is pending deletion" for m in live if _deleting(m)]
+
+
+def decide(
+    desired: dict[str, Any] | None,
+    owned: Sequence[Obj],
+    claims: Sequence[str],
+    hold_reason: str | None = None,
+) -> ModuleOutcome:
+    """The Module outcome of this pass.
+
+    ``desired`` is None when the policy has no kernelModule, or when it
+    cannot be served now; ``hold_reason`` then says why, and a live Module
+    is kept rather than deleted.
+    """
+    live = live_modules(owned)
+    alive = [m for m in live if not _deleting(m)]
+    if desired is None:
+        if hold_reason is not None:
+            return _hold(alive, [hold_reason]) if alive else ModuleOutcome(errors=[hold_reason])
+        if not live:
+            return ModuleOutcome()
+        if claims and alive:
+            return _hold(alive, [_blocked(claims, m, "deletion") for m in alive])
+        return ModuleOutcome([], "Removing", _pending(live), RECHECK_SECONDS)
+
+    same = next((m for m in live if m.get("apiVersion") == desired["apiVersion"]), None)
+    others = [m for m in live if m is not same]
+    toggled = (
+        same is not None and not _deleting(same) and bool(_version(same)) != bool(_version(desired))
+    )
+    if not toggled and not others and (same is None or not _deleting(same)):
+        return _applied(desired, same)
+    if claims and alive:
+        engine = _ENGINE_NAMES[desired["apiVersion"]]
+        why = "recreation for version change" if toggled else f"deletion for the switch to {engine}"
+        return _hold(alive, [_blocked(claims, m, why) for m in alive])
+    return ModuleOutcome([], "Recreating", _pending(live), RECHECK_SECONDS)
+
+
+def _blocked(claims: Sequence[str], module: Obj, what: str) -> str:
+    shown = ", ".join(claims[:3]) + (f" and {len(claims) - 3} more" if len(claims) > 3 else "")
+    return (
+        f"allocated GPU ResourceClaims blocking {reference(module)} {what} ({shown}); "
+        "it proceeds once the workloads holding them are gone"
+    )

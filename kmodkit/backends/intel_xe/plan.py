@@ -1,0 +1,191 @@
+"""The ClusterPolicy plan: from a policy and what the runtime observed, everything it owns.
+
+Pure: the runtime applies the objects (owner-referenced to the policy, so
+deleting the policy garbage-collects them), prunes what is no longer planned,
+and writes the status. Errors come in the order Intel's operator reports
+them: device plugin, XPU Manager, DRA, NFD, kernel module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kmodkit.backends.intel_xe import (
+    device_plugin,
+    dra_driver,
+    nfd_rule,
+    prometheus,
+    xpu_manager,
+)
+from kmodkit.backends.intel_xe.api import ClusterPolicySpec
+from kmodkit.backends.intel_xe.claims import CLAIMS, allocated_gpu_claims
+from kmodkit.backends.intel_xe.engine import choose_engine
+from kmodkit.backends.intel_xe.module import module_manifest, module_name
+from kmodkit.backends.intel_xe.module_lifecycle import ModuleOutcome, decide, held
+from kmodkit.backends.intel_xe.operand import Operands
+from kmodkit.backends.intel_xe.rules import kernel_module_problems, name_problems
+from kmodkit.backends.intel_xe.selectors import operand_selector
+from kmodkit.backends.intel_xe.settings import dra_served
+from kmodkit.backends.intel_xe.status import bounded, conditions, daemon_set_status
+from kmodkit.sdk import MODULE_READY_LABEL, ClusterView, LabelKeyError, Obj, Plan, schema_problems
+
+DRA_DISABLED = "DRA is not enabled in the cluster, but ClusterPolicy requests it."
+NFD_MISSING = (
+    "useNFDLabeling is set but NFD (nfd.k8s-sigs.io) is not installed, so no node gets the "
+    "intel.feature.node.kubernetes.io labels the components select; install NFD or label "
+    "the nodes"
+)
+
+
+def plan(body: Obj, view: ClusterView) -> Plan:
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    try:
+        spec = ClusterPolicySpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        # Only a policy stored before a schema change gets here; keep what runs.
+        problems = [f"spec.{p.path}: {p.message}" for p in schema_problems(err)]
+        return Plan(objects=[held(o) for o in view.owned], status={"errors": bounded(problems)})
+    return _plan(name, meta.get("generation"), body.get("status") or {}, spec, view)
+
+
+def _plan(
+    name: str,
+    generation: int | None,
+    old: dict[str, Any],
+    spec: ClusterPolicySpec,
+    view: ClusterView,
+) -> Plan:
+    namespace, settings = view.operator_namespace, view.settings
+    claims = allocated_gpu_claims(view.watched.get(CLAIMS.name, ()))
+    module, engine, ready_label = _kernel_module(name, spec, view, claims)
+
+    ops = Operands(name, spec, namespace, operand_selector(spec, ready_label), settings)
+    dra_wanted = spec.resource_registration == "dra"
+    dra_planned = dra_wanted and dra_served(settings, view.api_groups)
+    objects: list[dict[str, Any]] = []
+    errors: list[str] = []
+    if spec.resource_registration == "dp":
+        objects += device_plugin.manifests(ops)
+    admin_namespaces = {
+        (n.get("metadata") or {}).get("name")
+        for n in view.watched.get(xpu_manager.ADMIN_NAMESPACES.name, ())
+    }
+    xpu_planned = spec.resource_monitoring and (not dra_planned or namespace in admin_namespaces)
+    if xpu_planned:
+        objects += xpu_manager.manifests(ops, dra_claims=dra_planned)
+    elif spec.resource_monitoring:
+        errors.append(
+            xpu_manager.ADMIN_ACCESS_MISSING.format(
+                label=xpu_manager.ADMIN_ACCESS_LABEL, namespace=namespace
+            )
+        )
+    if dra_planned:
+        objects += dra_driver.manifests(ops)
+    else:
+        if dra_wanted:
+            errors.append(DRA_DISABLED)
+        kept = _dra_objects(name, view.owned) if claims else []
+        if kept:
+            objects += [held(o) for o in kept]
+            errors.append(
+                f"allocated GPU ResourceClaims blocking removal of the DRA driver "
+                f"({', '.join(claims[:3])}); it proceeds once the workloads holding them are gone"
+            )
+    if spec.use_nfd_labeling:
+        if nfd_rule.NFD_GROUP in view.api_groups:
+            objects += nfd_rule.manifests(name)
+        else:
+            errors.append(NFD_MISSING)
+    if (
+        spec.resource_monitoring
+        and spec.prometheus_integration
+        and prometheus.MONITORING_GROUP in view.api_groups
+    ):
+        objects += prometheus.manifests(ops)
+    objects += module.objects
+    errors += module.errors
+
+    columns = {
+        "devicePluginStatus": daemon_set_status(
+            view.owned, device_plugin.name(name), spec.resource_registration == "dp"
+        ),
+        "draStatus": daemon_set_status(
+            view.owned, dra_driver.name(name), dra_planned or bool(_dra_objects(name, objects))
+        ),
+        "xpuManagerStatus": daemon_set_status(view.owned, xpu_manager.name(name), xpu_planned),
+        "kmmStatus": module.kmm_status,
+    }
+    shown = bounded(errors)
+    status: dict[str, Any] = {
+        **columns,
+        "engine": engine,
+        "errors": shown,
+        "conditions": conditions(old, generation, list(columns.values()), shown, datetime.now(UTC)),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return Plan(objects=objects, status=status, requeue_after=module.requeue_after)
+
+
+def _kernel_module(
+    name: str, spec: ClusterPolicySpec, view: ClusterView, claims: list[str]
+) -> tuple[ModuleOutcome, str, str | None]:
+    """The Module's outcome, the engine serving it, and the readiness label to gate on."""
+    km = spec.kernel_module
+    if km is None:
+        return decide(None, view.owned, claims), "", None
+    choice = choose_engine(km, view.api_groups, view.settings)
+    problems = [
+        f"{p.path}: {p.message}"
+        for p in [*name_problems(name, view.operator_namespace), *kernel_module_problems(km)]
+    ]
+    if choice.api_version is None or problems:
+        # A working driver is kept rather than removed over a problem the
+        # user is about to fix (or a KMM that is being reinstalled).
+        reasons = [*([choice.error] if choice.error else []), *problems]
+        outcome = decide(None, view.owned, claims, hold_reason="; ".join(reasons))
+    else:
+        desired = module_manifest(
+            name, spec, view.operator_namespace, choice.api_version, view.settings
+        )
+        outcome = decide(desired, view.owned, claims)
+        if choice.error:
+            outcome = ModuleOutcome(
+                outcome.objects,
+                outcome.kmm_status,
+                [choice.error, *outcome.errors],
+                outcome.requeue_after,
+                outcome.serving,
+            )
+    engine = outcome.serving or choice.engine or ""
+    if choice.engine is None:
+        return outcome, engine, None
+    try:
+        ready = MODULE_READY_LABEL.key(view.operator_namespace, module_name(name))
+    except LabelKeyError:
+        ready = None
+    return outcome, engine, ready
+
+
+def _dra_objects(policy: str, objects: Sequence[Obj]) -> list[Obj]:
+    """The DRA driver's objects among ``objects``."""
+    names = {dra_driver.name(policy), dra_driver.DEVICE_CLASS, dra_driver.VFIO_DEVICE_CLASS}
+    kinds = {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DaemonSet",
+    }
+    return [
+        o
+        for o in objects
+        if o.get("kind") in kinds and (o.get("metadata") or {}).get("name") in names
+    ]

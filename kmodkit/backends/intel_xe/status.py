@@ -1,0 +1,90 @@
+"""The policy's status: the columns Intel's operator shows, errors, and standard conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kmodkit.sdk import DEGRADED, PROGRESSING, READY, Obj
+
+NOT_APPLICABLE = "N/A"
+MAX_ERRORS = 10
+
+
+def daemon_set_status(owned: Sequence[Obj], name: str, planned: bool) -> str:
+    """``<ready>/<desired>`` pods of the component's DaemonSet, or N/A when it is not wanted."""
+    if not planned:
+        return NOT_APPLICABLE
+    for obj in owned:
+        if obj.get("kind") == "DaemonSet" and (obj.get("metadata") or {}).get("name") == name:
+            status = obj.get("status") or {}
+            return f"{status.get('numberReady') or 0}/{status.get('desiredNumberScheduled') or 0}"
+    return "0/0"
+
+
+def bounded(errors: Sequence[str]) -> list[str]:
+    """Errors without repeats, at most MAX_ERRORS, the last saying how many were left out."""
+    unique = list(dict.fromkeys(errors))
+    if len(unique) <= MAX_ERRORS:
+        return unique
+    kept = unique[: MAX_ERRORS - 1]
+    return [*kept, f"{len(unique) - len(kept)} more errors not shown"]
+
+
+def _behind(value: str) -> bool:
+    if value in ("Removing", "Recreating"):
+        return True
+    ready, _, desired = value.partition("/")
+    return ready.isdigit() and desired.isdigit() and int(ready) < int(desired)
+
+
+def conditions(
+    old: Mapping[str, Any],
+    generation: int | None,
+    columns: Sequence[str],
+    errors: Sequence[str],
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Ready, Progressing and Degraded; a condition keeps its transition time while unchanged."""
+    previous = {c.get("type"): c for c in old.get("conditions") or []}
+    progressing = any(_behind(c) for c in columns)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        status = "True" if ok else "False"
+        prior = previous.get(kind) or {}
+        since = prior.get("lastTransitionTime") if prior.get("status") == status else None
+        entry = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since or stamp,
+        }
+        if generation is not None:
+            entry["observedGeneration"] = generation
+        return entry
+
+    first_error = errors[0] if errors else ""
+    return [
+        condition(
+            READY,
+            not errors and not progressing,
+            "Failing" if errors else "Progressing" if progressing else "Ready",
+            first_error
+            or ("components are rolling out" if progressing else "all components ready"),
+        ),
+        condition(
+            PROGRESSING,
+            progressing,
+            "RollingOut" if progressing else "Stable",
+            "components are rolling out" if progressing else "nothing in progress",
+        ),
+        condition(
+            DEGRADED,
+            bool(errors),
+            "Errors" if errors else "NoErrors",
+            first_error or "no errors",
+        ),
+    ]

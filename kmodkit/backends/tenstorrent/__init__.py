@@ -1,0 +1,53 @@
+"""Tenstorrent backend: tt-kmd, tt-smi and firmware rolled across the fleet.
+
+Two cluster-scoped resources: ``TenstorrentDriverPolicy`` (a builder
+DaemonSet that builds and loads tt-kmd on each node, upgraded one node at a
+time) and ``TenstorrentFirmwarePolicy`` (one flash Job per node and version).
+Both roll their change through the rollout core; see docs/tenstorrent.md.
+"""
+
+from functools import partial
+
+from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
+from kmodkit.backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
+from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
+from kmodkit.backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
+from kmodkit.backends.tenstorrent.firmware_api import FIRMWARE_CRD, TenstorrentFirmwarePolicy
+from kmodkit.backends.tenstorrent.validation import problems_of
+from kmodkit.sdk import CONTRACT_VERSION, Backend, OwnedKind, Resource, Watch
+
+backend = Backend(
+    name="tenstorrent",
+    version="0.1.0",
+    contract=CONTRACT_VERSION,
+    description="Tenstorrent tt-kmd driver, tt-smi and firmware",
+    commands=(tenstorrent_commands,),
+    resources=(
+        Resource(
+            crd=DRIVER_CRD,
+            model=TenstorrentDriverPolicy,
+            plan=driver_plan.plan,
+            owns=(OwnedKind("apps/v1", "DaemonSet", "daemonsets"),),
+            watches=(
+                Watch(
+                    name=driver_plan.BUILDERS,
+                    group="",
+                    version="v1",
+                    plural="pods",
+                    labels={"app.kubernetes.io/name": BUILDER_APP},
+                ),
+            ),
+            hooks=driver_plan.hooks,
+            rollout_status=driver_plan.rollout_status,
+            validate=partial(problems_of, TenstorrentDriverPolicy),
+        ),
+        Resource(
+            crd=FIRMWARE_CRD,
+            model=TenstorrentFirmwarePolicy,
+            plan=firmware_plan.plan,
+            hooks=firmware_plan.hooks,
+            rollout_status=firmware_plan.rollout_status,
+            validate=partial(problems_of, TenstorrentFirmwarePolicy),
+        ),
+    ),
+)

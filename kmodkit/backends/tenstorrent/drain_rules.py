@@ -1,0 +1,87 @@
+"""How the Tenstorrent policies' drain settings map onto the rollout orchestrator.
+
+Pass 1 evicts the pods that hold the device; pass 2 (driver only,
+``drain.fullNode``) evicts the rest with kubectl-drain semantics. Deploy gates
+take sibling DaemonSets (telemetry) off the node, since DaemonSet pods are
+never evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kmodkit.backends.tenstorrent.driver_api import DriverUpgradePolicy
+from kmodkit.backends.tenstorrent.firmware_api import FirmwareUpgradePolicy
+from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.sdk import DeviceEviction, Drain, UpgradePolicy
+
+DEVICE_DIR = "/dev/tenstorrent"
+RESOURCE_PREFIX = "tenstorrent.com/"
+OWN_PODS = frozenset({"tt-kmd-installer", "tt-flasher"})
+
+
+def _requests_device(container: Mapping[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    return any(
+        str(name).startswith(RESOURCE_PREFIX)
+        for part in ("requests", "limits")
+        for name in (resources.get(part) or {})
+    )
+
+
+def is_device_consumer(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod holds Tenstorrent devices: it mounts /dev/tenstorrent (or a device under it)
+    from the host, or was allocated a ``tenstorrent.com/*`` resource. The operator's own builder
+    and flash pods are not consumers: the rollout replaces them itself."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get("app.kubernetes.io/name") in OWN_PODS:
+        return False
+    spec = pod.get("spec") or {}
+    for volume in spec.get("volumes") or []:
+        path = str((volume.get("hostPath") or {}).get("path") or "").rstrip("/")
+        if path == DEVICE_DIR or path.startswith(DEVICE_DIR + "/"):
+            return True
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    return any(_requests_device(c) for c in containers)
+
+
+def gates(enabled: bool, settings: TenstorrentSettings) -> dict[str, str]:
+    return dict.fromkeys(settings.deploy_gates, "false") if enabled else {}
+
+
+def driver_policy(upgrade: DriverUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
+    """Strictly one node at a time. Without drain the node is still cordoned while its driver
+    is swapped, but nothing is gated or evicted: a holder left on it makes the builder refuse."""
+    drain = upgrade.drain
+    return UpgradePolicy(
+        max_parallel=1,
+        max_unavailable=1,
+        halt_on_failure=upgrade.halt_on_failure,
+        deploy_gates=gates(drain.enable, settings),
+        device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
+        drain=Drain(
+            enable=drain.enable and drain.full_node,
+            pod_selector=drain.pod_selector_label,
+            force=drain.force,
+            delete_empty_dir=drain.delete_empty_dir,
+            timeout_seconds=drain.timeout_seconds,
+        ),
+        validation_timeout_seconds=upgrade.upgrade_timeout_seconds,
+    )
+
+
+FLASH_START_MARGIN = 120
+"""Seconds allowed beyond the Job deadline for its pod to start (image pull, bundle download)."""
+
+
+def firmware_policy(upgrade: FirmwareUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
+    drain = upgrade.drain
+    return UpgradePolicy(
+        max_parallel=upgrade.max_parallel,
+        max_unavailable=upgrade.max_parallel,
+        halt_on_failure=upgrade.halt_on_failure,
+        deploy_gates=gates(drain.enable, settings),
+        device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
+        validation_timeout_seconds=upgrade.flash_timeout_seconds + FLASH_START_MARGIN,
+    )

@@ -1,0 +1,148 @@
+"""The builder DaemonSet of a driver policy: one privileged pod per node builds and loads tt-kmd.
+
+The update strategy is ``OnDelete``: a new template changes no pod by
+itself. The rollout decides when a node's pod is replaced (its swap deletes
+the stale pod once the node is drained), so tt-kmd is reloaded one node at a
+time whatever the fleet size.
+
+The ``template-hash`` annotation is a hash of the pod template with its keys
+sorted (every list in the template is built in a fixed order), so the same
+policy always hashes the same and an unchanged policy never looks stale.
+``TT_FORCE_UNLOAD`` is left out of the hash: switching forceUnload changes how
+a pod unloads, not what a node runs, so it must not roll the whole fleet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kmodkit.backends.tenstorrent import keys, names
+from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
+from kmodkit.backends.tenstorrent.selection import affinity
+from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+
+APP_NAME = "tt-kmd-installer"
+CONTAINER = "builder"
+FORCE_UNLOAD_ENV = "TT_FORCE_UNLOAD"
+VERSION_ENV = "TT_KMD_VERSION"
+HOST_ROOT = "/host"
+
+
+def pod_labels(policy: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/component": "driver",
+        keys.TT_DRIVER_POLICY_LABEL: names.label_value(policy),
+    }
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """First 16 hex characters of SHA-256 over the template, keys sorted, forceUnload left out."""
+    spec = dict(template.get("spec") or {})
+    containers = []
+    for container in spec.get("containers") or []:
+        env = [e for e in container.get("env") or [] if e.get("name") != FORCE_UNLOAD_ENV]
+        containers.append({**container, "env": env})
+    hashed = {**template, "spec": {**spec, "containers": containers}}
+    text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pod_template(
+    policy: str, spec: TenstorrentDriverPolicySpec, settings: TenstorrentSettings
+) -> dict[str, Any]:
+    """The builder pod template, without the hash annotation."""
+    env: list[dict[str, Any]] = [
+        {"name": VERSION_ENV, "value": spec.version},
+        {
+            "name": FORCE_UNLOAD_ENV,
+            "value": "true" if spec.upgrade_policy.force_unload else "false",
+        },
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "KMODKIT_HOST_ROOT", "value": HOST_ROOT},
+        *settings.env(),
+    ]
+    agent_status = [
+        "kmodkit-agent",
+        "--config",
+        "/run/tt-builder/agent.yaml",
+        "status",
+        "--ready-if-host-managed",
+    ]
+    return {
+        "metadata": {"labels": pod_labels(policy)},
+        "spec": {
+            "serviceAccountName": settings.service_account,
+            # Holders of /dev/tenstorrent are found in /proc/*/fd of the host's
+            # processes: named when the unload is refused, killed with forceUnload.
+            "hostPID": True,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "affinity": affinity(spec.selector(), keys.TT_DRIVER_SKIP_LABEL),
+            "terminationGracePeriodSeconds": 60,
+            "containers": [
+                {
+                    "name": CONTAINER,
+                    "image": spec.installer.image or settings.builder_image,
+                    "imagePullPolicy": spec.installer.image_pull_policy,
+                    "command": ["/usr/local/bin/tt-builder"],
+                    "env": env,
+                    "securityContext": {"privileged": True},
+                    # The builder writes why it stopped (the refusing holders, a
+                    # failed build) here; the operator shows it in the status.
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "readinessProbe": {
+                        "exec": {"command": agent_status},
+                        "initialDelaySeconds": 5,
+                        "periodSeconds": 10,
+                        "timeoutSeconds": 5,
+                        "failureThreshold": 3,
+                    },
+                    # The agent reaches the host through /host; the kernel's build tree
+                    # and headers also sit at their own paths, because the build
+                    # symlinks in /lib/modules/<kernel>/build are absolute host paths.
+                    "volumeMounts": [
+                        {
+                            "name": "host",
+                            "mountPath": HOST_ROOT,
+                            "mountPropagation": "HostToContainer",
+                        },
+                        {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True},
+                        {"name": "usr-src", "mountPath": "/usr/src", "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "host", "hostPath": {"path": "/", "type": "Directory"}},
+                {"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}},
+                {"name": "usr-src", "hostPath": {"path": "/usr/src", "type": "Directory"}},
+            ],
+        },
+    }
+
+
+def daemonset(
+    policy: str, namespace: str, spec: TenstorrentDriverPolicySpec, settings: TenstorrentSettings
+) -> dict[str, Any]:
+    template = pod_template(policy, spec, settings)
+    digest = template_hash(template)
+    template["metadata"]["annotations"] = {keys.TT_TEMPLATE_HASH_ANNOTATION: digest}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": names.daemonset_name(policy),
+            "namespace": namespace,
+            "labels": pod_labels(policy),
+            "annotations": {keys.TT_TEMPLATE_HASH_ANNOTATION: digest},
+        },
+        "spec": {
+            "selector": {"matchLabels": pod_labels(policy)},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": template,
+        },
+    }

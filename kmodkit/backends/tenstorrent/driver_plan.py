@@ -1,0 +1,249 @@
+"""The driver policy's plan: its builder DaemonSet, its rollout and its status.
+
+Pure: from the policy object and what the runtime observed (nodes, builder
+pods) to the objects to own, the rollout to run and the status. The clock is
+an argument so the plan can be tested at any instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kmodkit.backends.tenstorrent import keys, names
+from kmodkit.backends.tenstorrent.builder_pods import BuilderPod, pods_by_node
+from kmodkit.backends.tenstorrent.drain_rules import driver_policy
+from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
+from kmodkit.backends.tenstorrent.driver_daemonset import daemonset
+from kmodkit.backends.tenstorrent.driver_hooks import (
+    DriverHooks,
+    DriverTarget,
+    is_stale,
+    needs_update,
+)
+from kmodkit.backends.tenstorrent.selection import covers
+from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
+from kmodkit.backends.tenstorrent.status_common import (
+    Row,
+    condition,
+    count,
+    node_entries,
+    overlay_rollout,
+)
+from kmodkit.sdk import (
+    ClusterView,
+    NodeView,
+    Obj,
+    Plan,
+    RolloutKeys,
+    RolloutRequest,
+    RolloutStatus,
+    State,
+    parse_state,
+)
+
+BUILDERS = "builders"
+"""The ``ClusterView.watched`` key of the builder pods."""
+REQUEUE_WHILE_ROLLING = 5.0
+
+ROLLOUT_STATES: Mapping[State, str] = {
+    State.REQUIRED: "Pending",
+    State.CORDONING: "Cordoning",
+    State.GATING: "Draining",
+    State.WAITING_FOR_JOBS: "Draining",
+    State.EVICTING: "Draining",
+    State.DRAINING: "Draining",
+    State.SWAPPING: "Upgrading",
+    State.VALIDATING: "Upgrading",
+    State.UNCORDONING: "Uncordoning",
+    State.FAILED: "Failed",
+}
+"""Driver node state shown for each rollout state (``done`` is shown from the builder)."""
+
+
+@dataclass(frozen=True)
+class _Context:
+    spec: TenstorrentDriverPolicySpec
+    target: DriverTarget
+    keys: RolloutKeys
+    paused_without_builders: bool
+
+
+def _target(spec: TenstorrentDriverPolicySpec, ds: Mapping[str, Any]) -> DriverTarget:
+    return DriverTarget(
+        version=spec.version,
+        template_hash=ds["metadata"]["annotations"][keys.TT_TEMPLATE_HASH_ANNOTATION],
+        force_unload=spec.upgrade_policy.force_unload,
+        drain=spec.upgrade_policy.drain.enable,
+    )
+
+
+def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
+    version = ctx.spec.version
+    loaded = node.labels.get(keys.TT_KMD_VERSION_LABEL, "")
+
+    def row(state: str, reason: str = "", message: str = "", rollout: State | None = None) -> Row:
+        return Row(node.name, state, reason, message, loaded, rollout_state=rollout)
+
+    rollout = parse_state(node.labels.get(ctx.keys.state))
+    if node.labels.get(keys.TT_DRIVER_SKIP_LABEL) == "true":
+        return row("Skipped", "Skipped", f"the node carries {keys.TT_DRIVER_SKIP_LABEL}=true")
+    if node.labels.get(keys.TT_INSTALL_MODE_LABEL) == "host":
+        return row(
+            "HostManaged",
+            "HostManagedKMD",
+            "DKMS manages tt-kmd on this node; the operator stands by "
+            "(vacate DKMS to hand the node over)",
+        )
+    if pod is not None and pod.image_pull_problem:
+        return row(
+            "Failed",
+            "BuilderImagePullFailed",
+            f"kubelet: {pod.image_pull_problem} (check the image and the installer service "
+            "account's imagePullSecrets)",
+            rollout,
+        )
+    if pod is not None and pod.crash_loop:
+        return row(
+            "Failed",
+            "BuilderCrashLoop",
+            pod.last_error or "the builder keeps failing; see its log",
+            rollout,
+        )
+    if rollout is not None and rollout in ROLLOUT_STATES:
+        state = ROLLOUT_STATES[rollout]
+        reason = {
+            "Pending": "WaitingForSlot",
+            "Cordoning": "Cordoning",
+            "Draining": "Draining",
+            "Upgrading": "Installing",
+            "Uncordoning": "Uncordoning",
+            "Failed": "RolloutFailed",
+        }[state]
+        return row(state, reason, rollout=rollout)
+    if pod is None:
+        if ctx.paused_without_builders:
+            return row("Pending", "Paused", "spec.paused is true; no builder runs yet")
+        return row("Pending", "WaitingForBuilder", "waiting for the builder pod")
+    if needs_update(node.labels, pod, ctx.target):
+        return row("Pending", "UpgradeRequired", f"runs an older builder; tt-kmd {version} is next")
+    if pod.ready and loaded == version and not is_stale(pod, ctx.target):
+        return row("Done", "Ready", rollout=rollout)
+    return row("Upgrading", "Installing", f"builder is building and loading tt-kmd {version}")
+
+
+def _conditions(
+    rows: Sequence[Row], ctx: _Context, previous: Mapping[str, Any], gen: int | None, now: datetime
+) -> list[dict[str, Any]]:
+    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged")]
+    done = count(managed, "Done")
+    failed = count(managed, "Failed")
+    halted = ctx.spec.upgrade_policy.halt_on_failure and any(
+        r.rollout_state is State.FAILED for r in managed
+    )
+    if not rows:
+        ready = ("True", "NoMatchingNodes", "no node matches the policy")
+    elif done == len(managed):
+        ready = ("True", "AllReady", f"{done}/{len(managed)} nodes have tt-kmd {ctx.spec.version}")
+    elif failed:
+        ready = ("False", "NodesFailed", f"{failed} node(s) failed; see status.nodes")
+    else:
+        ready = ("False", "Installing", f"{done}/{len(managed)} nodes ready")
+    if ctx.spec.paused:
+        progressing = ("False", "Paused", "spec.paused is true; no further node starts")
+    elif halted:
+        progressing = ("False", "Halted", "a node failed and haltOnFailure is set")
+    elif done + failed < len(managed):
+        progressing = ("True", "Rolling", f"{done}/{len(managed)} nodes ready")
+    else:
+        progressing = ("False", "Idle", "nothing to roll")
+    return [
+        condition(previous, "Ready", *ready, gen, now),
+        condition(previous, "Progressing", *progressing, gen, now),
+    ]
+
+
+def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    generation = meta.get("generation")
+    previous = body.get("status") or {}
+    try:
+        spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        return invalid_spec_plan(err, view, previous, generation, now)
+    settings = TenstorrentSettings.from_settings(view.settings)
+    owned_ds = [o for o in view.owned if o.get("kind") == "DaemonSet"]
+    ds = daemonset(name, view.operator_namespace, spec, settings)
+    target = _target(spec, ds)
+    # A paused policy starts no builder: an admin migrating from DKMS applies the
+    # policy paused and unpauses once the node is vacated.
+    create = bool(owned_ds) or not spec.paused
+    policy_id = names.driver_policy_id(name)
+    ctx = _Context(spec, target, RolloutKeys.for_policy(policy_id), not create)
+    selector = spec.selector()
+    covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+    pods = pods_by_node(view.watched.get(BUILDERS, ()), name)
+    rows = [_row(n, pods.get(n.name), ctx) for n in covered]
+    entries, omitted = node_entries(rows, previous, now)
+    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged")]
+    status = {
+        "observedGeneration": generation,
+        "desiredVersion": spec.version,
+        "daemonSet": ds["metadata"]["name"] if create else "",
+        "summary": {
+            "matched": len(rows),
+            "ready": sum(
+                1
+                for r in managed
+                if (p := pods.get(r.name)) is not None
+                and p.ready
+                and r.current_version == spec.version
+            ),
+            "upToDate": count(rows, "Done", "HostManaged"),
+            "inProgress": count(rows, "Cordoning", "Draining", "Upgrading", "Uncordoning"),
+            "failed": count(rows, "Failed"),
+            "pending": count(rows, "Pending"),
+            "hostManaged": count(rows, "HostManaged"),
+            "skipped": count(rows, "Skipped"),
+        },
+        "nodes": entries,
+        "nodesOmitted": omitted,
+        "conditions": _conditions(rows, ctx, previous, generation, now),
+    }
+    busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
+    return Plan(
+        objects=[ds] if create else [],
+        status=status,
+        requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
+        rollout=RolloutRequest(
+            policy_id=policy_id,
+            policy=driver_policy(spec.upgrade_policy, settings),
+            nodes=[n.name for n in covered],
+            target=f"{spec.version}/{target.template_hash}"
+            + ("/force-unload" if target.force_unload else ""),
+            paused=spec.paused,
+            skip_label=keys.TT_DRIVER_SKIP_LABEL,
+        ),
+    )
+
+
+def plan(body: Obj, view: ClusterView) -> Plan:
+    return plan_at(body, view, datetime.now(UTC))
+
+
+def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
+    name = str((body.get("metadata") or {}).get("name", ""))
+    spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+    settings = TenstorrentSettings.from_settings(view.settings)
+    target = _target(spec, daemonset(name, view.operator_namespace, spec, settings))
+    return DriverHooks(api, pods_by_node(view.watched.get(BUILDERS, ()), name), target)
+
+
+def rollout_status(status: Mapping[str, Any], result: RolloutStatus) -> Mapping[str, Any]:
+    return overlay_rollout(status, result, ROLLOUT_STATES)

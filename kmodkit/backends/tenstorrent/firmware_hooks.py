@@ -1,0 +1,195 @@
+"""The firmware rollout's hooks: which nodes need a flash, the flash Job, and its result.
+
+What a node runs is remembered on the node itself (the ``current-version``
+annotation, written when its flash Job succeeds), not in the Job: finished
+Jobs are deleted after a day, and a node must not be flashed again for that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kmodkit.backends.tenstorrent import keys, names
+from kmodkit.backends.tenstorrent.drain_rules import is_device_consumer
+from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
+from kmodkit.backends.tenstorrent.firmware_job import failure_text, flash_job, job_outcome
+from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.sdk import FIELD_MANAGER, Failed, Pending, RolloutKeys, Validated, Validation
+
+Obj = Mapping[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class FirmwareTarget:
+    policy: str
+    readback: str
+    auto_upgrade: bool
+    force_request: int | None
+    """The forceWrite request in force, or None when forceWrite is off."""
+
+    @property
+    def force_marker(self) -> str:
+        return f"{self.policy}/{self.force_request}"
+
+
+def needs_flash(annotations: Mapping[str, str], target: FirmwareTarget) -> bool:
+    if not target.auto_upgrade:
+        return False
+    if annotations.get(keys.TT_FW_CURRENT_VERSION_ANNOTATION) != target.readback:
+        return True
+    return (
+        target.force_request is not None
+        and annotations.get(keys.TT_FW_FORCED_ANNOTATION) != target.force_marker
+    )
+
+
+def _meta(node: Obj) -> Mapping[str, Any]:
+    return node.get("metadata") or {}
+
+
+class FirmwareHooks:
+    """``kmodkit.sdk.RolloutHooks`` for one firmware policy."""
+
+    def __init__(
+        self,
+        api: Any,
+        owner: Obj,
+        spec: TenstorrentFirmwarePolicySpec,
+        settings: TenstorrentSettings,
+        namespace: str,
+        target: FirmwareTarget,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._batch = client.BatchV1Api(api)
+        self._owner = owner
+        self._spec = spec
+        self._settings = settings
+        self._namespace = namespace
+        self._target = target
+        self._keys = RolloutKeys.for_policy(names.firmware_policy_id(target.policy))
+
+    def needs_update(self, node: Obj) -> bool:
+        return needs_flash(_meta(node).get("annotations") or {}, self._target)
+
+    def is_device_consumer(self, pod: Obj) -> bool:
+        return self._spec.upgrade_policy.drain.enable and is_device_consumer(pod)
+
+    def _identity(self, node: Obj) -> str:
+        """Which start of the rollout on this node a Job belongs to: a retry or a forced
+        re-flash gets a fresh Job, a repeated swap after a crash keeps the one it made."""
+        annotations = _meta(node).get("annotations") or {}
+        return (
+            f"{annotations.get(self._keys.attempt, '0')}@{annotations.get(self._keys.target, '')}"
+        )
+
+    def _job_name(self, node: Obj) -> str:
+        return names.flash_job_name(
+            self._target.policy, str(_meta(node).get("name")), self._spec.version
+        )
+
+    def _read_job(self, name: str) -> Obj | None:
+        try:
+            job: Any = self._batch.read_namespaced_job(
+                name, self._namespace, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(json.loads(job.data))
+
+    def _ensure_job(self, node: Obj) -> Obj | None:
+        """The node's Job for this attempt, created (or an older attempt's replaced) as needed;
+        None while an older one is being removed."""
+        name = self._job_name(node)
+        identity = self._identity(node)
+        job = self._read_job(name)
+        if job is not None:
+            if (_meta(job).get("annotations") or {}).get(
+                keys.TT_FLASH_ATTEMPT_ANNOTATION
+            ) == identity:
+                return job
+            if _meta(job).get("deletionTimestamp") is None:
+                self._batch.delete_namespaced_job(
+                    name, self._namespace, propagation_policy="Background"
+                )
+            return None
+        manifest = flash_job(
+            self._owner,
+            str(_meta(node).get("name")),
+            identity,
+            self._namespace,
+            self._spec,
+            self._settings,
+        )
+        try:
+            self._batch.create_namespaced_job(self._namespace, cast(Any, manifest))
+        except ApiException as err:
+            if err.status == 409:
+                return None
+            raise
+        return manifest
+
+    def swap(self, node: Obj) -> None:
+        if self._ensure_job(node) is None:
+            raise RuntimeError(f"replacing the previous flash Job {self._job_name(node)}")
+
+    def validate(self, node: Obj) -> Validation:
+        job = self._ensure_job(node)
+        if job is None:
+            return Pending("replacing the previous flash Job")
+        outcome = job_outcome(job)
+        name = str(_meta(job).get("name"))
+        if outcome == "failed":
+            detail = self._pod_message(name)
+            text = failure_text(job) + (f"; flasher said: {detail}" if detail else "")
+            return Failed("FlashJobFailed", f"flash Job {name}: {text}")
+        if outcome == "running":
+            return Pending(f"flash Job {name} is running")
+        self._remember(node, name)
+        return Validated()
+
+    def _pod_message(self, job_name: str) -> str:
+        pods = self._core.list_namespaced_pod(
+            self._namespace, label_selector=f"job-name={job_name}"
+        ).items
+        for pod in pods:
+            for status in (pod.status.container_statuses if pod.status else None) or []:
+                terminated = status.state.terminated if status.state else None
+                if terminated is not None and terminated.message:
+                    return str(terminated.message).strip().splitlines()[-1][:400]
+        return ""
+
+    def _remember(self, node: Obj, job_name: str) -> None:
+        """Record on the node what it runs now, once (an unchanged node is not written)."""
+        wanted_annotations = {
+            keys.TT_FW_CURRENT_VERSION_ANNOTATION: self._target.readback,
+            keys.TT_FW_LAST_JOB_ANNOTATION: job_name,
+        }
+        if self._target.force_request is not None:
+            wanted_annotations[keys.TT_FW_FORCED_ANNOTATION] = self._target.force_marker
+        annotations = _meta(node).get("annotations") or {}
+        node_labels = _meta(node).get("labels") or {}
+        if all(annotations.get(k) == v for k, v in wanted_annotations.items()) and (
+            node_labels.get(keys.TT_FW_VERSION_LABEL) == self._target.readback
+        ):
+            return
+        body = {
+            "metadata": {
+                "annotations": wanted_annotations,
+                "labels": {keys.TT_FW_VERSION_LABEL: self._target.readback},
+            }
+        }
+        self._core.patch_node(
+            str(_meta(node).get("name")),
+            body,
+            field_manager=FIELD_MANAGER,
+            _content_type=MERGE_PATCH,
+        )

@@ -1,0 +1,58 @@
+"""kmodkit's API models: the single source of truth for the CRD schemas."""
+
+from kmodkit.core.api.common import LocalObjectReference, ObjectMeta, RegistryTLS, Toleration
+from kmodkit.core.api.module import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    KMM_API_VERSION,
+    VERSION,
+    Build,
+    BuildArg,
+    KernelMapping,
+    ModprobeArgs,
+    ModprobeSpec,
+    Module,
+    ModuleLoader,
+    ModuleLoaderContainer,
+    ModuleSpec,
+    RolloutPolicy,
+)
+from kmodkit.core.api.status import (
+    DEGRADED,
+    PROGRESSING,
+    READY,
+    Condition,
+    ModuleLoaderStatus,
+    ModuleStatus,
+    NodeFailure,
+)
+
+__all__ = [
+    "API_VERSION",
+    "DEGRADED",
+    "GROUP",
+    "KIND",
+    "KMM_API_VERSION",
+    "PROGRESSING",
+    "READY",
+    "VERSION",
+    "Build",
+    "BuildArg",
+    "Condition",
+    "KernelMapping",
+    "LocalObjectReference",
+    "ModprobeArgs",
+    "ModprobeSpec",
+    "Module",
+    "ModuleLoader",
+    "ModuleLoaderContainer",
+    "ModuleLoaderStatus",
+    "ModuleSpec",
+    "ModuleStatus",
+    "NodeFailure",
+    "ObjectMeta",
+    "RegistryTLS",
+    "RolloutPolicy",
+    "Toleration",
+]

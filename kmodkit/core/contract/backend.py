@@ -1,0 +1,145 @@
+"""The contract between kmodkit's runtime and a backend plugin.
+
+A backend is a plain object registered under the entry-point group
+``kmodkit.backends``. It declares its custom resources; for each one a *pure*
+``plan`` turns an object (and what the runtime observed of the cluster) into
+the objects to own and the status to report. The runtime does the rest the
+same way for every backend, built-in or third-party: watches, server-side
+apply of the owned objects, pruning what is no longer planned, status writes,
+and, when the plan asks for one, a node-by-node rollout on
+``kmodkit.core.rollout`` driven by the backend's hooks.
+
+The contract is versioned: a backend declares the ``CONTRACT_VERSION`` it was
+written for and the runtime refuses any other, naming both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from kmodkit.core.contract.hooks import RolloutHooks
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.nodes import NodeView
+from kmodkit.core.schema.crd import CrdSource
+from kmodkit.core.schema.validation import Problem
+
+ENTRY_POINT_GROUP = "kmodkit.backends"
+
+# Bumped on any incompatible change to the classes below.
+CONTRACT_VERSION = 1
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Objects of another kind a plan needs to see (e.g. ResourceClaims, Modules)."""
+
+    name: str
+    """Key of these objects in ``ClusterView.watched``."""
+    group: str
+    version: str
+    plural: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Only objects with these labels are watched (keep watches narrow at scale)."""
+
+
+@dataclass(frozen=True)
+class OwnedKind:
+    """A kind of object a plan may return; stale ones of this kind are pruned."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the runtime observed, handed to every plan."""
+
+    nodes: Sequence[NodeView]
+    api_groups: frozenset[str]
+    """API groups the apiserver serves (e.g. to detect upstream KMM)."""
+    operator_namespace: str
+    watched: Mapping[str, Sequence[Obj]]
+    owned: Sequence[Obj] = ()
+    """Objects this resource's object owns right now (any OwnedKind)."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """Operator configuration given to backends (images, proxy variables, gates)."""
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """Ask the runtime to run (one pass of) a node-by-node rollout."""
+
+    policy_id: str
+    """Stable and unique per rollout, e.g. ``ttdp/<name>``; scopes the node keys."""
+    policy: UpgradePolicy
+    nodes: Sequence[str]
+    """The nodes the rollout covers."""
+    target: str
+    """What is being delivered (a version); a failed node is retried when it changes."""
+    paused: bool = False
+    skip_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    objects: Sequence[Obj] = ()
+    """Complete manifests of every object to own; the runtime adds the owner link."""
+    status: Mapping[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+    """Seconds until the plan should run again even if nothing changes."""
+    rollout: RolloutRequest | None = None
+
+
+PlanFn = Callable[[Obj, ClusterView], Plan]
+HooksFn = Callable[[Obj, ClusterView, Any], RolloutHooks]
+"""Build the rollout hooks for an object; the third argument is a kubernetes ApiClient."""
+RolloutStatusFn = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
+"""Merge a ``kmodkit.sdk.RolloutStatus`` into the plan's status."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One custom resource a backend serves."""
+
+    crd: CrdSource
+    model: type[BaseModel]
+    """The whole object (apiVersion, kind, metadata, spec, status), for validation."""
+    plan: PlanFn
+    owns: tuple[OwnedKind, ...] = ()
+    watches: tuple[Watch, ...] = ()
+    hooks: HooksFn | None = None
+    """Required when ``plan`` may return a RolloutRequest."""
+    rollout_status: RolloutStatusFn | None = None
+    extra_documents: Callable[[], list[dict[str, Any]]] | None = None
+    """More manifests installed with the CRD (admission policies, DeviceClasses)."""
+    validate: Callable[[Obj], list[Problem]] | None = None
+    """Offline checks of a whole object (``kmodkit validate``): the CRD's rules and more."""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.crd.group}/{self.crd.version}"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a backend declares to the runtime (docs/writing-a-backend.md)."""
+
+    name: str
+    """The entry point's name, which configuration and health use."""
+    version: str
+    contract: int
+    """The contract version the backend was written for, as a literal in third-party code:
+    importing ``CONTRACT_VERSION`` would always match the running kmodkit's."""
+    description: str = ""
+    resources: tuple[Resource, ...] = field(default=())
+    commands: tuple[click.Command, ...] = field(default=())
+    """Extra ``kmodkit`` subcommands (e.g. a node migration helper), added to the CLI."""

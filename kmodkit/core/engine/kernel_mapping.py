@@ -1,0 +1,227 @@
+"""Which kernel mapping serves a kernel, and the settings that result.
+
+This is KMM's mapping resolution: the first mapping in list order that matches
+wins (a literal exactly, a regexp anywhere in the kernel string), and its
+settings are merged over the container-level defaults exactly as KMM merges
+them. kmodkit differs only where KMM is quietly wrong: template errors and
+unknown variables are reported instead of expanding to nothing, build
+arguments are templated too, and the final image must be a real reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kmodkit.core.api import Build, BuildArg, KernelMapping, Module, RegistryTLS
+from kmodkit.core.engine.images import ImageReferenceError, require_tag_or_digest
+from kmodkit.core.engine.re2 import RegexpError, re2_search
+from kmodkit.core.engine.templating import TemplateError, substitute
+from kmodkit.core.kernel import (
+    KERNEL_FULL_VERSION,
+    KERNEL_VERSION,
+    MOD_NAME,
+    MOD_NAMESPACE,
+    TemplateValues,
+    template_values,
+)
+
+CONTAINER_PATH = "spec.moduleLoader.container"
+
+
+def mapping_path(index: int) -> str:
+    """Field path of the kernel mapping at ``index``."""
+    return f"{CONTAINER_PATH}.kernelMappings[{index}]"
+
+
+class ResolveError(ValueError):
+    """A Module that cannot be resolved for a kernel, with the field at fault.
+
+    ``mapping_index`` is the mapping that matched the kernel, when the error
+    arose after matching (in templating or merging).
+    """
+
+    def __init__(self, path: str, message: str, mapping_index: int | None = None) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+        self.mapping_index = mapping_index
+
+
+@dataclass(frozen=True)
+class ResolvedMapping:
+    """What a Module means for one kernel (KMM's "ModuleLoaderData")."""
+
+    kernel: str
+    mapping_index: int
+    container_image: str
+    """The image with every template variable substituted."""
+    registry_tls: RegistryTLS | None
+    build: Build | None
+    """The merged build, with templated and injected build arguments; None if no build."""
+    in_tree_modules_to_remove: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    """No kernel mapping matches the kernel: the Module does not apply to such nodes."""
+
+    kernel: str
+
+
+def find_mapping(mappings: list[KernelMapping], kernel: str) -> int | None:
+    """Index of the first mapping that matches ``kernel``, or None.
+
+    Raises ResolveError for a regexp that is not RE2 or runs too long, but
+    only when the search reaches it, as KMM does.
+    """
+    for index, mapping in enumerate(mappings):
+        if mapping.literal:
+            if mapping.literal == kernel:
+                return index
+            continue
+        if not mapping.regexp:
+            continue
+        try:
+            if re2_search(mapping.regexp, kernel):
+                return index
+        except RegexpError as err:
+            raise ResolveError(f"{mapping_path(index)}.regexp", str(err)) from None
+    return None
+
+
+def resolve(module: Module, kernel: str) -> ResolvedMapping | NoMatch:
+    """Resolve ``module`` for ``kernel`` (already stripped with ``node_kernel``)."""
+    name, namespace = module.metadata.name, module.metadata.namespace
+    if not name:
+        raise ResolveError("metadata.name", "is required")
+    if not namespace:
+        raise ResolveError("metadata.namespace", "is required")
+    container = module.spec.module_loader.container
+    index = find_mapping(container.kernel_mappings, kernel)
+    if index is None:
+        return NoMatch(kernel)
+    try:
+        return _resolve_mapping(module, index, kernel, name, namespace)
+    except ResolveError as err:
+        raise ResolveError(err.path, err.message, mapping_index=index) from None
+
+
+def _resolve_mapping(
+    module: Module, index: int, kernel: str, name: str, namespace: str
+) -> ResolvedMapping:
+    container = module.spec.module_loader.container
+    mapping = container.kernel_mappings[index]
+
+    image_values = template_values(kernel, name=name, namespace=namespace, for_tag=True)
+    if mapping.container_image:
+        image, image_path = mapping.container_image, f"{mapping_path(index)}.containerImage"
+    elif container.container_image:
+        image, image_path = container.container_image, f"{CONTAINER_PATH}.containerImage"
+    else:
+        raise ResolveError(
+            f"{mapping_path(index)}.containerImage",
+            f"is empty and {CONTAINER_PATH}.containerImage is not set; set one of them",
+        )
+    image = _substitute(image, image_values, image_path)
+    try:
+        require_tag_or_digest(image)
+    except ImageReferenceError as err:
+        raise ResolveError(
+            image_path, f"becomes {image!r} for kernel {kernel!r}, which {err}"
+        ) from None
+
+    in_tree = (
+        mapping.in_tree_modules_to_remove
+        if mapping.in_tree_modules_to_remove is not None
+        else container.in_tree_modules_to_remove or []
+    )
+    return ResolvedMapping(
+        kernel=kernel,
+        mapping_index=index,
+        container_image=image,
+        registry_tls=mapping.registry_tls
+        if mapping.registry_tls is not None
+        else container.registry_tls,
+        build=_resolved_build(module, index, kernel, name, namespace),
+        in_tree_modules_to_remove=tuple(in_tree),
+    )
+
+
+def _substitute(text: str, values: TemplateValues, path: str) -> str:
+    try:
+        return substitute(text, values.values, values.unavailable)
+    except TemplateError as err:
+        raise ResolveError(path, str(err)) from None
+
+
+def _resolved_build(
+    module: Module, index: int, kernel: str, name: str, namespace: str
+) -> Build | None:
+    container = module.spec.module_loader.container
+    values = template_values(kernel, name=name, namespace=namespace, for_tag=False)
+    container_build = _templated(container.build, values, CONTAINER_PATH)
+    mapping_build = _templated(container.kernel_mappings[index].build, values, mapping_path(index))
+    build = merge_builds(container_build, mapping_build)
+    if build is None:
+        return None
+    injected = [
+        BuildArg(name=KERNEL_VERSION, value=kernel),
+        BuildArg(name=KERNEL_FULL_VERSION, value=kernel),
+        BuildArg(name=MOD_NAME, value=name),
+        BuildArg(name=MOD_NAMESPACE, value=namespace),
+    ]
+    return build.model_copy(update={"build_args": override_build_args(build.build_args, injected)})
+
+
+def _templated(build: Build | None, values: TemplateValues, owner_path: str) -> Build | None:
+    if build is None or not build.build_args:
+        return build
+    args = [
+        arg.model_copy(
+            update={
+                "value": _substitute(
+                    arg.value, values, f"{owner_path}.build.buildArgs[{position}].value"
+                )
+            }
+        )
+        for position, arg in enumerate(build.build_args)
+    ]
+    return build.model_copy(update={"build_args": args})
+
+
+def merge_builds(container_build: Build | None, mapping_build: Build | None) -> Build | None:
+    """Merge a mapping's build over the container's, as KMM does.
+
+    With one side only, that side is used whole. With both, the container's is
+    the base: the mapping's Dockerfile wins, build args are overridden by name,
+    secrets are concatenated, and the base-image TLS and build-node selector
+    come from the container alone.
+    """
+    if container_build is None or mapping_build is None:
+        return mapping_build if mapping_build is not None else container_build
+    return container_build.model_copy(
+        update={
+            "dockerfile_config_map": mapping_build.dockerfile_config_map,
+            "build_args": override_build_args(
+                container_build.build_args, mapping_build.build_args or []
+            ),
+            "secrets": [*(container_build.secrets or []), *(mapping_build.secrets or [])] or None,
+        }
+    )
+
+
+def override_build_args(base: list[BuildArg] | None, overrides: list[BuildArg]) -> list[BuildArg]:
+    """``base`` with each override replacing the args of its name in place.
+
+    Overrides whose name ``base`` lacks are appended, sorted by name, as KMM
+    orders them.
+    """
+    result = list(base or [])
+    appended: list[BuildArg] = []
+    for override in overrides:
+        positions = [i for i, arg in enumerate(result) if arg.name == override.name]
+        for position in positions:
+            result[position] = override
+        if not positions:
+            appended.append(override)
+    return result + sorted(appended, key=lambda arg: arg.name)

@@ -1,0 +1,104 @@
+"""A Module's status from a loader plan: KMM's counters, conditions, failures.
+
+Pure: the engine compares the result with what the object already says and
+writes only when something changed, keeping lastTransitionTime stable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kmodkit.core.api.status import DEGRADED, MAX_NODE_FAILURES, PROGRESSING, READY
+from kmodkit.core.engine.loader_plan import LoaderPlan, Phase
+
+
+def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    generation = meta.get("generation")
+    old = {c.get("type"): c for c in (body.get("status") or {}).get("conditions") or []}
+    phases = Counter(o.phase for o in plan.outcomes)
+    failures = [o for o in plan.outcomes if o.phase is Phase.FAILED]
+    loaded = phases[Phase.LOADED]
+    desired = sum(n for p, n in phases.items() if p is not Phase.WAITING) + sum(
+        1 for o in plan.outcomes if o.phase is Phase.WAITING and o.reason != "AwaitingVersionLabel"
+    )
+    busy = (
+        phases[Phase.LOADING]
+        + phases[Phase.UPDATING]
+        + sum(
+            1
+            for o in plan.outcomes
+            if o.phase is Phase.WAITING and o.reason != "AwaitingVersionLabel"
+        )
+    )
+    problem = invalid or plan.module_error
+
+    def cond(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        status = "True" if ok else "False"
+        prior = old.get(kind) or {}
+        since = prior.get("lastTransitionTime") if prior.get("status") == status else None
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message[:32768],
+            "lastTransitionTime": since or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "observedGeneration": generation,
+        }
+
+    reasons = Counter(f.reason for f in failures)
+    summary = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+    conditions = [
+        cond(
+            READY,
+            not problem and not failures and busy == 0,
+            "Invalid"
+            if problem
+            else "NodesFailing"
+            if failures
+            else "Progressing"
+            if busy
+            else "AllLoaded",
+            problem
+            or (f"{loaded}/{desired} nodes loaded" + (f"; failing: {summary}" if failures else "")),
+        ),
+        cond(
+            PROGRESSING,
+            not problem and busy > 0,
+            "Rolling" if busy else "Stable",
+            f"{busy} nodes loading, updating or waiting for an image"
+            if busy
+            else "nothing in progress",
+        ),
+        cond(
+            DEGRADED,
+            bool(problem or failures),
+            "Invalid" if problem else "NodesFailing" if failures else "AsExpected",
+            problem or (f"{len(failures)} nodes failing: {summary}" if failures else ""),
+        ),
+    ]
+    return {
+        "conditions": conditions,
+        "moduleLoader": {
+            "nodesMatchingSelectorNumber": plan.targeted,
+            "desiredNumber": desired,
+            "availableNumber": loaded,
+            "readyNumber": loaded,
+        },
+        "nodeFailures": [
+            {
+                k: v
+                for k, v in {
+                    "node": f.node,
+                    "mappingIndex": f.mapping_index,
+                    "reason": f.reason,
+                    "message": f.message[:1024],
+                }.items()
+                if v is not None
+            }
+            for f in failures[:MAX_NODE_FAILURES]
+        ],
+    }

@@ -1,0 +1,469 @@
+"""The pure planner: from what is observed now to one step per node.
+
+Every pass rebuilds the whole picture from the cluster, so the planner holds no
+memory: each node moves at most one state per pass, and each move is a single
+merge patch of the node (state label, annotations and cordon together), so a
+crash between passes never leaves a half-made transition. A node is started
+only when the budgets have room after counting every node already in flight or
+unavailable, so no interleaving of passes can overrun them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kmodkit.core.contract.hooks import Failed, Pending, Validated
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import NodeView, PodView, encode_gates
+from kmodkit.core.rollout.states import IN_FLIGHT, State
+
+MAX_MESSAGE = 1024
+MAX_NAMED_PODS = 10
+
+
+@dataclass(frozen=True)
+class NodePatch:
+    """One merge patch of a node; None values remove the key."""
+
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    unschedulable: bool | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do on one node this pass."""
+
+    node: str
+    before: State | None
+    after: State | None
+    reason: str = ""
+    message: str = ""
+    patch: NodePatch | None = None
+    evict: tuple[PodView, ...] = ()
+    swap: bool = False
+    """Call the backend's swap hook before writing the patch."""
+
+    @property
+    def moves(self) -> bool:
+        return self.patch is not None
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_parallel: int
+    in_progress: int
+    max_unavailable: int
+    unavailable: int
+
+
+@dataclass(frozen=True)
+class Context:
+    policy: UpgradePolicy
+    keys: RolloutKeys
+    target: str
+    now: float
+    paused: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    budget: Budget
+    halted: bool
+    paused: bool
+
+
+def _elapsed(view: NodeView, now: float) -> float:
+    # A missing or unreadable timer never fires a timeout early (and _advance
+    # writes a fresh one).
+    return 0.0 if view.record.since is None else now - view.record.since
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def _name_pods(pods: Sequence[PodView], note: dict[str, str] | None = None) -> str:
+    refs = sorted(pods, key=lambda p: p.ref)
+    named = [
+        f"{p.ref}{(' (' + note[p.ref] + ')') if note and p.ref in note else ''}"
+        for p in refs[:MAX_NAMED_PODS]
+    ]
+    more = len(refs) - MAX_NAMED_PODS
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+
+
+def _move(
+    view: NodeView,
+    ctx: Context,
+    to: State | None,
+    *,
+    reason: str = "",
+    message: str = "",
+    labels: Mapping[str, str | None] | None = None,
+    annotations: Mapping[str, str | None] | None = None,
+    unschedulable: bool | None = None,
+    swap: bool = False,
+) -> Step:
+    keys = ctx.keys
+    message = _bounded(message)
+    ann: dict[str, str | None] = {
+        keys.since: None if to is None else str(int(ctx.now)),
+        keys.reason: reason or None,
+        keys.message: message or None,
+    }
+    ann.update(annotations or {})
+    lab: dict[str, str | None] = {keys.state: None if to is None else to.value}
+    lab.update(labels or {})
+    patch = NodePatch(labels=lab, annotations=ann, unschedulable=unschedulable)
+    return Step(view.name, view.state, to, reason, message, patch, swap=swap)
+
+
+_ORDER = (
+    State.CORDONING,
+    State.GATING,
+    State.WAITING_FOR_JOBS,
+    State.EVICTING,
+    State.DRAINING,
+    State.SWAPPING,
+    State.VALIDATING,
+    State.UNCORDONING,
+    State.DONE,
+)
+
+
+_TIMED = frozenset(
+    {State.WAITING_FOR_JOBS, State.EVICTING, State.DRAINING, State.SWAPPING, State.VALIDATING}
+)
+
+
+def _configured(state: State, policy: UpgradePolicy) -> bool:
+    if state is State.GATING:
+        return bool(policy.deploy_gates)
+    if state is State.WAITING_FOR_JOBS:
+        return policy.wait_for_completion is not None
+    if state is State.DRAINING:
+        return policy.drain.enable
+    return True
+
+
+def _next_after(state: State, policy: UpgradePolicy) -> State:
+    """The next state the policy uses; a node whose own step the policy has since
+    dropped (gates removed mid-rollout, say) still finds its way on."""
+    later = _ORDER[_ORDER.index(state) + 1 :]
+    return next(s for s in later if _configured(s, policy))
+
+
+def _start(view: NodeView, ctx: Context) -> Step:
+    same_target = view.record.target == ctx.target
+    attempt = view.record.attempt + 1 if same_target else 1
+    return _move(
+        view,
+        ctx,
+        State.CORDONING,
+        annotations={ctx.keys.attempt: str(attempt), ctx.keys.target: ctx.target},
+    )
+
+
+def _back_out(view: NodeView, ctx: Context) -> Step | None:
+    """Leave the rollout: undo what it did, or just forget a node it never touched."""
+    reason = "NoLongerNeeded"
+    message = "the node already runs the target; undoing the rollout's changes"
+    if view.state in IN_FLIGHT:
+        return _move(view, ctx, State.UNCORDONING, reason=reason, message=message)
+    if view.record.leftovers:
+        return _finish(view, ctx)
+    return _move(view, ctx, None) if view.state is not None else None
+
+
+def _cordon(view: NodeView, ctx: Context) -> Step:
+    ours = not view.unschedulable or view.record.cordon == "rollout"
+    owner = "rollout" if ours else "external"
+    return _move(
+        view,
+        ctx,
+        _next_after(State.CORDONING, ctx.policy),
+        reason="" if ours else "ExternalCordon",
+        message="" if ours else "the node was already cordoned; it stays cordoned afterwards",
+        annotations={ctx.keys.cordon: owner},
+        unschedulable=True if ours else None,
+    )
+
+
+def _gate(view: NodeView, ctx: Context) -> Step:
+    gates = ctx.policy.deploy_gates
+    saved = dict(view.record.gates or {})
+    # Keep values saved by an earlier attempt: they are the pre-rollout ones,
+    # while the node's labels may still hold this rollout's gate values.
+    for key in gates:
+        saved.setdefault(key, view.gate_values.get(key))
+    return _move(
+        view,
+        ctx,
+        _next_after(State.GATING, ctx.policy),
+        labels=dict(gates),
+        annotations={ctx.keys.gates: encode_gates(saved)},
+    )
+
+
+def _wait_for_jobs(view: NodeView, ctx: Context) -> Step | None:
+    wait = ctx.policy.wait_for_completion
+    following = _next_after(State.WAITING_FOR_JOBS, ctx.policy)
+    if wait is None:
+        return _move(view, ctx, following)
+    if view.pods is None:
+        return None
+    running = [p for p in view.pods if p.phase in ("Running", "Pending") and not p.terminating]
+    if not running:
+        return _move(view, ctx, following)
+    if wait.timeout_seconds and _elapsed(view, ctx.now) >= wait.timeout_seconds:
+        return _move(
+            view,
+            ctx,
+            following,
+            reason="WaitTimeout",
+            message=f"stopped waiting after {wait.timeout_seconds}s for "
+            f"{_name_pods(running)}; evicting",
+        )
+    return None
+
+
+def _why_left(pods: Sequence[PodView], force: bool) -> dict[str, str]:
+    notes = {}
+    for p in pods:
+        if p.terminating:
+            notes[p.ref] = "terminating"
+        elif p.daemonset:
+            notes[p.ref] = "DaemonSet pod; gate it with a deploy gate"
+        elif p.bare and not force:
+            notes[p.ref] = "no controller; set force to evict it"
+    return notes
+
+
+def _evict_or_fail(
+    view: NodeView,
+    ctx: Context,
+    remaining: Sequence[PodView],
+    evictable: Sequence[PodView],
+    timeout: int,
+    force: bool,
+    what: str,
+) -> Step | None:
+    if _elapsed(view, ctx.now) < timeout:
+        return (
+            Step(view.name, view.state, view.state, evict=tuple(evictable)) if evictable else None
+        )
+    if evictable:
+        return _move(
+            view,
+            ctx,
+            State.FAILED,
+            reason="EvictionBlocked",
+            message=f"{what}: evictions still refused after {timeout}s "
+            f"(a PodDisruptionBudget allows no disruption): {_name_pods(evictable)}",
+        )
+    return _move(
+        view,
+        ctx,
+        State.FAILED,
+        reason="DrainTimeout",
+        message=f"{what}: pods still on the node after {timeout}s: "
+        f"{_name_pods(remaining, _why_left(remaining, force))}",
+    )
+
+
+def _evict_consumers(view: NodeView, ctx: Context) -> Step | None:
+    if view.pods is None:
+        return None
+    rule = ctx.policy.device_eviction
+    consumers = [p for p in view.pods if p.device_consumer and not p.finished and not p.mirror]
+    if not consumers:
+        return _move(view, ctx, _next_after(State.EVICTING, ctx.policy))
+    evictable = [
+        p for p in consumers if not p.terminating and not p.daemonset and (rule.force or not p.bare)
+    ]
+    return _evict_or_fail(
+        view,
+        ctx,
+        consumers,
+        evictable,
+        rule.timeout_seconds,
+        rule.force,
+        "evicting device consumers",
+    )
+
+
+def _drain(view: NodeView, ctx: Context) -> Step | None:
+    rule = ctx.policy.drain
+    if not rule.enable:
+        return _move(view, ctx, _next_after(State.DRAINING, ctx.policy))
+    if view.pods is None:
+        return None
+    # kubectl drain semantics: DaemonSet and mirror pods stay; bare pods and pods
+    # with emptyDir data are left alone unless the policy allows evicting them.
+    selected = [
+        p
+        for p in view.pods
+        if not p.finished
+        and not p.mirror
+        and not p.daemonset
+        and (rule.force or not p.bare)
+        and (rule.delete_empty_dir or not p.empty_dir)
+    ]
+    if not selected:
+        return _move(view, ctx, _next_after(State.DRAINING, ctx.policy))
+    evictable = [p for p in selected if not p.terminating]
+    return _evict_or_fail(
+        view, ctx, selected, evictable, rule.timeout_seconds, rule.force, "draining"
+    )
+
+
+def _validate(view: NodeView, ctx: Context) -> Step | None:
+    verdict = view.validation
+    if isinstance(verdict, Validated):
+        return _move(view, ctx, State.UNCORDONING)
+    if isinstance(verdict, Failed):
+        return _move(view, ctx, State.FAILED, reason=verdict.reason, message=verdict.message)
+    timeout = ctx.policy.validation_timeout_seconds
+    if _elapsed(view, ctx.now) >= timeout:
+        detail = verdict.message if isinstance(verdict, Pending) and verdict.message else ""
+        return _move(
+            view,
+            ctx,
+            State.FAILED,
+            reason="ValidationTimeout",
+            message=f"not healthy {timeout}s after the swap" + (f": {detail}" if detail else ""),
+        )
+    return None
+
+
+def _swap(view: NodeView, ctx: Context) -> Step:
+    timeout = ctx.policy.validation_timeout_seconds
+    if _elapsed(view, ctx.now) >= timeout:
+        return _move(
+            view,
+            ctx,
+            State.FAILED,
+            reason="SwapFailed",
+            message=f"the backend could not start the change within {timeout}s; "
+            "see the operator log",
+        )
+    # If the swap itself changed the node, the write (guarded by the node's
+    # observed resourceVersion) is refused; the next pass calls the idempotent
+    # swap again and then moves on. Never writing over a newer node is worth it.
+    return _move(view, ctx, State.VALIDATING, swap=True)
+
+
+def _finish(view: NodeView, ctx: Context) -> Step:
+    record = view.record
+    external = record.cordon == "external"
+    return _move(
+        view,
+        ctx,
+        State.DONE,
+        reason="ExternalCordon" if external else "",
+        message="left cordoned: it was cordoned before the rollout" if external else "",
+        labels=dict(record.gates or {}),
+        annotations={ctx.keys.cordon: None, ctx.keys.gates: None},
+        unschedulable=False if record.cordon == "rollout" else None,
+    )
+
+
+def _advance(view: NodeView, ctx: Context) -> Step | None:
+    """The step of one node, except starting (which the budget decides)."""
+    state = view.state
+    if state is None:
+        return _move(view, ctx, State.REQUIRED) if view.needs_update else _back_out(view, ctx)
+    if (
+        state
+        in (
+            State.REQUIRED,
+            State.CORDONING,
+            State.GATING,
+            State.WAITING_FOR_JOBS,
+            State.EVICTING,
+            State.DRAINING,
+        )
+        and not view.needs_update
+    ):
+        return _back_out(view, ctx)
+    if state is State.DONE:
+        return _move(view, ctx, State.REQUIRED) if view.needs_update else None
+    if state is State.FAILED:
+        if view.record.target == ctx.target:
+            return None
+        return _move(
+            view,
+            ctx,
+            State.REQUIRED,
+            reason="TargetChanged",
+            message=f"retrying for the new target {ctx.target}",
+        )
+    if state in _TIMED and view.record.since is None:
+        # Someone set the state label by hand: start the clock its timeout needs.
+        return _move(view, ctx, state)
+    handlers = {
+        State.CORDONING: _cordon,
+        State.GATING: _gate,
+        State.WAITING_FOR_JOBS: _wait_for_jobs,
+        State.EVICTING: _evict_consumers,
+        State.DRAINING: _drain,
+        State.SWAPPING: _swap,
+        State.VALIDATING: _validate,
+        State.UNCORDONING: _finish,
+    }
+    handler = handlers.get(state)
+    return handler(view, ctx) if handler else None
+
+
+def budget_of(views: Iterable[NodeView], policy: UpgradePolicy) -> Budget:
+    views = list(views)
+    return Budget(
+        max_parallel=policy.max_parallel,
+        in_progress=sum(1 for v in views if v.state in IN_FLIGHT),
+        max_unavailable=policy.max_unavailable_nodes(len(views)),
+        unavailable=sum(1 for v in views if not v.available or v.state in IN_FLIGHT),
+    )
+
+
+def is_halted(views: Iterable[NodeView], policy: UpgradePolicy) -> bool:
+    return policy.halt_on_failure and any(v.state is State.FAILED and not v.skipped for v in views)
+
+
+def _starts(views: Sequence[NodeView], ctx: Context, budget: Budget) -> list[Step]:
+    candidates = sorted(
+        (v for v in views if v.state is State.REQUIRED and v.needs_update and not v.skipped),
+        # Nodes already unavailable go first: starting them costs no availability.
+        key=lambda v: (v.available, v.name),
+    )
+    in_progress, unavailable = budget.in_progress, budget.unavailable
+    starts = []
+    for view in candidates:
+        if in_progress >= budget.max_parallel:
+            break
+        if view.available:
+            if unavailable >= budget.max_unavailable:
+                continue
+            unavailable += 1
+        in_progress += 1
+        starts.append(_start(view, ctx))
+    return starts
+
+
+def plan(views: Sequence[NodeView], ctx: Context) -> Plan:
+    """One pass: a step for every node that has something to do."""
+    budget = budget_of(views, ctx.policy)
+    halted = is_halted(views, ctx.policy)
+    steps = []
+    for view in views:
+        if view.skipped:
+            continue
+        step = _advance(view, ctx)
+        if step is not None:
+            steps.append(step)
+    if not ctx.paused and not halted:
+        steps += _starts(views, ctx, budget)
+    return Plan(tuple(steps), budget, halted, ctx.paused)

@@ -1,0 +1,239 @@
+"""One rollout pass against the cluster: observe, plan, apply.
+
+``reconcile`` is what a backend's kopf timer (or any loop) calls per policy. It
+keeps nothing between calls: everything it needs is on the nodes, so the process
+may be killed at any instant and the next call carries on. Once every node has
+converged a pass reads but writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kmodkit.core.contract.hooks import Obj, RolloutHooks
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout import apply, events
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import NodeView, node_view_from, pod_view_from
+from kmodkit.core.rollout.plan import Context, Step, plan
+from kmodkit.core.rollout.states import IN_FLIGHT, State
+from kmodkit.core.rollout.status import RolloutStatus, summarize
+
+log = logging.getLogger("kmodkit.rollout")
+
+
+@dataclass
+class _Pass:
+    """Counters of one pass, for the status."""
+
+    applied: list[Step] = field(default_factory=list)
+    evictions: int = 0
+    evictions_blocked: int = 0
+    writes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def error(self, what: str, err: Exception) -> None:
+        text = f"{what}: {err.reason if isinstance(err, ApiException) else err}"
+        log.warning(text)
+        self.errors.append(text)
+
+
+def _pod_selector(state: State | None, policy: UpgradePolicy) -> str | None:
+    """Which pods a node in ``state`` needs listed (None: none)."""
+    if state is State.WAITING_FOR_JOBS and policy.wait_for_completion is not None:
+        return policy.wait_for_completion.pod_selector
+    if state is State.EVICTING:
+        return ""
+    if state is State.DRAINING:
+        return policy.drain.pod_selector
+    return None
+
+
+def _observe(
+    core: client.CoreV1Api,
+    node: Obj,
+    keys: RolloutKeys,
+    policy: UpgradePolicy,
+    hooks: RolloutHooks,
+    skip_label: str | None,
+    run: _Pass,
+) -> NodeView:
+    name = str((node.get("metadata") or {}).get("name", ""))
+    gate_keys = tuple(policy.deploy_gates)
+    try:
+        needs_update = hooks.needs_update(node)
+    except Exception as err:
+        run.error(f"needs_update({name})", err)
+        view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=False)
+        # Frozen for this pass, but still counted against the budgets.
+        return replace(view, skipped=True)
+    view = node_view_from(node, keys, gate_keys, skip_label=skip_label, needs_update=needs_update)
+    if view.skipped:
+        return view
+    selector = _pod_selector(view.state, policy)
+    if selector is not None:
+        try:
+            device = view.state is State.EVICTING
+            pods = tuple(
+                pod_view_from(p, device_consumer=device and hooks.is_device_consumer(p))
+                for p in apply.list_pods_on_node(core, name, selector)
+            )
+            view = replace(view, pods=pods)
+        except Exception as err:
+            run.error(f"listing pods on {name}", err)
+    if view.state is State.VALIDATING:
+        try:
+            view = replace(view, validation=hooks.validate(node))
+        except Exception as err:
+            run.error(f"validate({name})", err)
+    return view
+
+
+def _starts_are_safe(
+    core: client.CoreV1Api, keys: RolloutKeys, views: Sequence[NodeView], run: _Pass
+) -> bool:
+    """Whether the nodes in flight are the ones the plan counted.
+
+    Starts are decided from the in-flight count. If the nodes handed in were
+    older than the cluster (a lagging watch cache), a fresh list of the few
+    nodes in flight disagrees, and starting waits a pass rather than risk
+    overrunning the budget.
+    """
+    states = ",".join(sorted(s.value for s in IN_FLIGHT))
+    try:
+        listed = core.list_node(label_selector=f"{keys.state} in ({states})").items
+    except Exception as err:
+        run.error("checking the nodes in flight", err)
+        return False
+    targeted = {v.name for v in views}
+    fresh = {str(n.metadata.name) for n in listed if n.metadata is not None} & targeted
+    expected = {v.name for v in views if v.state in IN_FLIGHT}
+    for step in run.applied:
+        if step.after in IN_FLIGHT:
+            expected.add(step.node)
+        else:
+            expected.discard(step.node)
+    return fresh == expected
+
+
+def _describe(step: Step, policy_id: str) -> tuple[str, str]:
+    before = step.before.value if step.before is not None else "idle"
+    after = step.after.value if step.after is not None else "idle"
+    reason = step.reason or f"Rollout{after.title().replace('-', '')}"
+    message = f"rollout {policy_id} on node {step.node}: {before} -> {after}"
+    if step.message:
+        message += f": {step.message}"
+    return reason, message
+
+
+def _evict(core: client.CoreV1Api, step: Step, run: _Pass) -> None:
+    for pod in step.evict:
+        try:
+            outcome = apply.evict(core, pod)
+        except Exception as err:
+            run.error(f"evicting {pod.ref} from {step.node}", err)
+            continue
+        run.writes += 1
+        run.evictions += 1
+        if outcome is apply.EvictionOutcome.BLOCKED:
+            run.evictions_blocked += 1
+
+
+def _move(
+    core: client.CoreV1Api,
+    step: Step,
+    node: Obj,
+    view: NodeView,
+    hooks: RolloutHooks,
+    policy_id: str,
+    involved: Mapping[str, str] | None,
+    run: _Pass,
+) -> None:
+    assert step.patch is not None
+    if step.swap:
+        try:
+            hooks.swap(node)
+        except Exception as err:
+            run.error(f"swap({step.node})", err)
+            return
+    body = apply.patch_body(step.patch, view.resource_version)
+    try:
+        outcome = apply.patch_node(core, step.node, body)
+    except Exception as err:
+        run.error(f"patching node {step.node}", err)
+        return
+    run.writes += 1
+    if outcome is apply.PatchOutcome.STALE:
+        return
+    run.applied.append(step)
+    reason, message = _describe(step, policy_id)
+    log.info(message)
+    for ref in [events.node_reference(node), *([dict(involved)] if involved else [])]:
+        try:
+            events.emit(core, ref, reason, message, warning=step.after is State.FAILED)
+            run.writes += 1
+        except Exception as err:
+            run.error(f"recording an event for {step.node}", err)
+
+
+def reconcile(
+    api: Any,
+    policy_id: str,
+    policy: UpgradePolicy,
+    target_nodes: Sequence[Obj],
+    hooks: RolloutHooks,
+    *,
+    target: str,
+    paused: bool = False,
+    skip_label: str | None = None,
+    involved: Mapping[str, str] | None = None,
+    now: float | None = None,
+) -> RolloutStatus:
+    """Advance the rollout ``policy_id`` by one pass and report where it stands.
+
+    ``api`` is a kubernetes ``ApiClient``. ``target_nodes`` are the nodes the
+    policy covers, as raw JSON, at least as fresh as the previous pass's writes.
+    ``target`` names what is being delivered (a version, a spec hash); a failed
+    node is retried when it changes. ``skip_label`` is the backend's opt-out node
+    label (nodes with it set to ``"true"`` are left alone). ``involved`` is an
+    object reference (apiVersion, kind, name, namespace, uid) of the policy
+    object that also receives an Event for every transition.
+    """
+    core = client.CoreV1Api(api)
+    keys = RolloutKeys.for_policy(policy_id)
+    run = _Pass()
+    views = [_observe(core, n, keys, policy, hooks, skip_label, run) for n in target_nodes]
+    ctx = Context(policy, keys, target, time.time() if now is None else now, paused)
+    the_plan = plan(views, ctx)
+    nodes = {v.name: (v, n) for v, n in zip(views, target_nodes, strict=True)}
+
+    def apply_all(steps: Sequence[Step]) -> None:
+        for step in steps:
+            view, node = nodes[step.node]
+            _evict(core, step, run)
+            if step.patch is not None:
+                _move(core, step, node, view, hooks, policy_id, involved, run)
+
+    def is_start(step: Step) -> bool:
+        return step.before is State.REQUIRED and step.after is State.CORDONING
+
+    apply_all([s for s in the_plan.steps if not is_start(s)])
+    starts = [s for s in the_plan.steps if is_start(s)]
+    if starts and _starts_are_safe(core, keys, views, run):
+        apply_all(starts)
+    return summarize(
+        views,
+        the_plan,
+        run.applied,
+        evictions=run.evictions,
+        evictions_blocked=run.evictions_blocked,
+        writes=run.writes,
+        errors=run.errors,
+    )

@@ -1,0 +1,140 @@
+"""Thin, idempotent writes to the API server; the only place the engine mutates.
+
+Creating what exists and deleting what is gone are successes, so applying the
+same plan twice changes nothing and a restarted operator can replay its last
+pass without harm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kmodkit.core.labels import FIELD_MANAGER
+
+log = logging.getLogger("kmodkit.kube")
+
+
+class Kube:
+    """The API calls the engine makes, on one ApiClient."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        # Bodies are plain dicts (as planned), which the client accepts but its
+        # stubs do not describe; the typed surface of this class is the contract.
+        self.core: Any = client.CoreV1Api(api)
+        self.batch: Any = client.BatchV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    def create(self, obj: Mapping[str, Any]) -> None:
+        ns = obj["metadata"]["namespace"]
+        try:
+            if obj["kind"] == "Pod":
+                self.core.create_namespaced_pod(ns, obj, field_manager=FIELD_MANAGER)
+            elif obj["kind"] == "Job":
+                self.batch.create_namespaced_job(ns, obj, field_manager=FIELD_MANAGER)
+            else:
+                raise ValueError(f"cannot create a {obj['kind']}")
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def label_node(self, node: str, change: Mapping[str, str | None]) -> None:
+        """Merge-patch labels: a value sets, None removes."""
+        try:
+            self.core.patch_node(
+                node, {"metadata": {"labels": dict(change)}}, field_manager=FIELD_MANAGER
+            )
+        except ApiException as e:
+            if e.status != 404:  # the node went away; nothing to label
+                raise
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+
+        return list(json.loads(resp.data).get("items", []))
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(secret.data or {})
+
+    def patch_status(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        status: Mapping[str, Any],
+    ) -> None:
+        body = {"status": dict(status)}
+        try:
+            if namespace:
+                self.custom.patch_namespaced_custom_object_status(
+                    group, version, namespace, plural, name, body, field_manager=FIELD_MANAGER
+                )
+            else:
+                self.custom.patch_cluster_custom_object_status(
+                    group, version, plural, name, body, field_manager=FIELD_MANAGER
+                )
+        except ApiException as e:
+            if e.status != 404:  # deleted meanwhile
+                raise
+
+    def event(
+        self,
+        involved: Mapping[str, Any],
+        kind: str,
+        reason: str,
+        message: str,
+        namespace: str,
+        warning: bool = False,
+    ) -> None:
+        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name, uid)."""
+        now = datetime.now(UTC)
+        ref = {k: v for k, v in involved.items() if v}
+        body = {
+            "metadata": {"generateName": f"{ref.get('name', 'kmodkit')}.", "namespace": namespace},
+            "involvedObject": ref,
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "kmodkit"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": "kmodkit",
+        }
+        try:
+            self.core.create_namespaced_event(namespace, body)
+        except ApiException as e:  # an event is never worth failing a pass for
+            log.warning(
+                "could not post event %s on %s %s: %s", reason, kind, ref.get("name"), e.reason
+            )

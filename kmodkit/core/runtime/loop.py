@@ -1,0 +1,49 @@
+"""The reconcile loop every kmodkit daemon runs: a pass, then sleep until woken."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable
+
+import kopf
+
+from kmodkit.core.runtime.observed import Wakeups
+
+log = logging.getLogger("kmodkit.loop")
+RETRY_AFTER_ERROR = 10.0
+# Watch events come in bursts; one pass serves the burst.
+DEBOUNCE = 0.3
+
+
+async def reconcile_loop(
+    key: Hashable,
+    one_pass: Callable[[], float | None],
+    stopped: kopf.DaemonStopped,
+    wakeups: Wakeups,
+    resync_seconds: float,
+) -> None:
+    """Run ``one_pass`` (blocking I/O, so in a thread) whenever ``key`` is woken.
+
+    A pass returns seconds until a timed retry is due (or None); without any
+    event the loop still resyncs every ``resync_seconds`` as a safety net.
+    """
+    wake = wakeups.event(key)
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                requeue = await asyncio.to_thread(one_pass)
+            except Exception:
+                log.exception("reconcile of %s failed; retrying in %.0fs", key, RETRY_AFTER_ERROR)
+                requeue = RETRY_AFTER_ERROR
+            timeout = min(requeue or resync_seconds, resync_seconds)
+            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+            _done, pending = await asyncio.wait(
+                waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for w in pending:
+                w.cancel()
+            await asyncio.sleep(DEBOUNCE)
+    finally:
+        wakeups.drop(key)

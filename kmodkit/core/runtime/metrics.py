@@ -1,0 +1,178 @@
+"""Prometheus metrics of the operator, served on their own port (``/metrics``).
+
+Cardinality is bounded by design: labels name a controller (``modules`` or
+``<backend>.<plural>``), a policy object, a state or an outcome, never a node,
+so a 10,000-node fleet yields the same number of series as a 3-node one.
+Per-node detail lives in each object's status and on the nodes themselves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import kopf
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from kmodkit.core import labels
+
+RECONCILES = Counter(
+    "kmodkit_reconcile",
+    "Reconcile passes, by controller and result (ok or error).",
+    ["controller", "result"],
+)
+RECONCILE_SECONDS = Histogram(
+    "kmodkit_reconcile_duration_seconds",
+    "Time one reconcile pass took, by controller.",
+    ["controller"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+NODES = Gauge(
+    "kmodkit_nodes",
+    "Nodes a policy covers, by state (a Module's node phase, or a rollout state).",
+    ["controller", "policy", "state"],
+)
+TRANSITIONS = Counter(
+    "kmodkit_rollout_transitions",
+    "Rollout transitions into each state (done and failed are the outcomes of a node's "
+    "driver swap or firmware flash).",
+    ["controller", "state"],
+)
+EVICTIONS = Counter(
+    "kmodkit_rollout_evictions",
+    "Eviction requests sent by rollouts, by result (sent or blocked by a PodDisruptionBudget).",
+    ["controller", "result"],
+)
+JOBS = Counter(
+    "kmodkit_jobs_finished",
+    "Jobs kmodkit started (builds, flashes) that finished, by component and outcome.",
+    ["component", "outcome"],
+)
+JOB_SECONDS = Histogram(
+    "kmodkit_job_duration_seconds",
+    "Start to finish of the Jobs counted in kmodkit_jobs_finished.",
+    ["component", "outcome"],
+    buckets=(30, 60, 120, 300, 600, 900, 1800, 3600, 7200),
+)
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+
+_lock = threading.Lock()
+_states: dict[tuple[str, str], set[str]] = {}
+_counted_jobs: set[str] = set()
+_started = time.time()
+
+
+def serve(port: int, host: str) -> None:
+    """Serve ``/metrics`` from a daemon thread (``port`` 0 disables it)."""
+    if port:
+        start_http_server(port, addr=host)
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Observe kmodkit's Jobs (builds, flashes) finishing; rides on the engine's Job watch."""
+
+    @kopf.on.event(
+        "batch",
+        "v1",
+        "jobs",
+        id="metrics.jobs",
+        labels={labels.MANAGED_BY_LABEL: labels.MANAGED_BY},
+        registry=registry,
+    )
+    async def job_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":
+            job_gone(body)
+        else:
+            component = (body.get("metadata") or {}).get("labels", {}).get(COMPONENT_LABEL, "")
+            job_seen(body, component or "unknown")
+
+
+def instrumented(controller: str, one_pass: Callable[[], float | None]) -> Callable[[], Any]:
+    """``one_pass`` counted and timed; exceptions are counted and re-raised."""
+
+    def run() -> float | None:
+        started = time.monotonic()
+        try:
+            result = one_pass()
+        except Exception:
+            RECONCILES.labels(controller, "error").inc()
+            raise
+        finally:
+            RECONCILE_SECONDS.labels(controller).observe(time.monotonic() - started)
+        RECONCILES.labels(controller, "ok").inc()
+        return result
+
+    return run
+
+
+def node_states(controller: str, policy: str, counts: Mapping[str, int]) -> None:
+    """Set the per-state node counts of one policy; states no longer seen are dropped."""
+    with _lock:
+        before = _states.get((controller, policy), set())
+        for state in before - set(counts):
+            NODES.remove(controller, policy, state)
+        for state, n in counts.items():
+            NODES.labels(controller, policy, state).set(n)
+        _states[(controller, policy)] = set(counts)
+
+
+def forget(controller: str, policy: str) -> None:
+    """Drop a deleted policy's series."""
+    node_states(controller, policy, {})
+    with _lock:
+        _states.pop((controller, policy), None)
+
+
+def rollout_pass(controller: str, transitions: Mapping[str, int], sent: int, blocked: int) -> None:
+    for state, n in transitions.items():
+        TRANSITIONS.labels(controller, state).inc(n)
+    if sent:
+        EVICTIONS.labels(controller, "sent").inc(sent)
+    if blocked:
+        EVICTIONS.labels(controller, "blocked").inc(blocked)
+
+
+def job_seen(body: Mapping[str, Any], component: str) -> None:
+    """Count a Job once, when it has finished after this process started.
+
+    Jobs that finished before a restart were counted by the previous process
+    (counters restart at zero with the process, as Prometheus expects).
+    """
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    done = {
+        c.get("type"): c
+        for c in status.get("conditions") or []
+        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+    }
+    uid = str(meta.get("uid", ""))
+    if not done or not uid:
+        return
+    outcome, cond = next(iter(done.items()))
+    finished = _timestamp(status.get("completionTime") or cond.get("lastTransitionTime"))
+    if finished is None or finished < _started:
+        return
+    with _lock:
+        if uid in _counted_jobs:
+            return
+        _counted_jobs.add(uid)
+    outcome = "succeeded" if outcome == "Complete" else "failed"
+    JOBS.labels(component, outcome).inc()
+    began = _timestamp(status.get("startTime"))
+    if began is not None:
+        JOB_SECONDS.labels(component, outcome).observe(max(0.0, finished - began))
+
+
+def job_gone(body: Mapping[str, Any]) -> None:
+    with _lock:
+        _counted_jobs.discard(str((body.get("metadata") or {}).get("uid", "")))
+
+
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,344 @@
+"""The built-in engine: kopf wiring for ``kmodkit.io/v1alpha1`` Modules.
+
+Each Module gets a daemon that runs a reconcile pass whenever something it
+depends on changes (its spec, a node's labels/kernel/readiness, its loader pods
+or build Jobs) and otherwise sleeps. A pass reads everything it needs from the
+watch caches, plans (pure functions in kmodkit.core.engine) and applies.
+Nothing that matters lives in this process: the plan is rebuilt from the
+cluster on every pass, so the operator can be killed at any moment.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kmodkit.core import labels
+from kmodkit.core.api import Module
+from kmodkit.core.engine.build_plan import (
+    BUILD_COMPONENT,
+    IMAGE_ANNOTATION,
+    BuildSettings,
+    build_job_view,
+    plan_builds,
+)
+from kmodkit.core.engine.images import parse_image_reference
+from kmodkit.core.engine.kernel_mapping import ResolvedMapping
+from kmodkit.core.engine.loader_plan import ImageState, LoaderPlan, gated_on, plan
+from kmodkit.core.engine.loader_pod import (
+    COMPONENT_LABEL,
+    LOADER_COMPONENT,
+    MODULE_LABEL,
+    LoaderSettings,
+    loader_pod_view,
+)
+from kmodkit.core.engine.module_status import module_status
+from kmodkit.core.engine.registry import (
+    Answer,
+    AnswerCache,
+    Existence,
+    check,
+    credentials_for,
+    registry_host,
+)
+from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.loop import reconcile_loop
+from kmodkit.core.runtime.observed import Shared
+
+GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
+MODULE_REF = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Module"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    loader: LoaderSettings
+    build: BuildSettings
+    registry_ca_bundle: str | None = None
+    """Extra CA bundle for registry TLS (a private registry's CA); system CAs otherwise."""
+    resync_seconds: float = 300.0
+    recheck_seconds: float = 60.0
+    """How often a missing or unreachable image is asked for again (a push may land)."""
+
+    @classmethod
+    def from_env(cls) -> EngineSettings:
+        env = os.environ
+        return cls(
+            loader=LoaderSettings(
+                agent_image=env.get("KMODKIT_AGENT_IMAGE", "ghcr.io/kmodkit/agent:0.1.0"),
+                firmware_host_path=env.get("KMODKIT_FIRMWARE_HOST_PATH", "/var/lib/firmware"),
+            ),
+            build=BuildSettings(
+                builder_image=env.get(
+                    "KMODKIT_BUILDER_IMAGE", "gcr.io/kaniko-project/executor:v1.23.2"
+                ),
+            ),
+            registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
+            recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),
+        )
+
+
+def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        **MODULE_REF,
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+class Engine:
+    """Reconcile loops for Modules; the caches it reads are in Shared."""
+
+    def __init__(self, shared: Shared, settings: EngineSettings) -> None:
+        self.shared = shared
+        self.kube = shared.kube
+        self.settings = settings
+        self.answers = AnswerCache(other_ttl=settings.recheck_seconds)
+
+    @property
+    def nodes(self) -> dict[str, NodeView]:
+        return self.shared.nodes
+
+    # -- wiring ---------------------------------------------------------------
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        wakeups = self.shared.wakeups
+        loader_filter = {
+            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+            COMPONENT_LABEL: LOADER_COMPONENT,
+        }
+        build_filter = {
+            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+            COMPONENT_LABEL: BUILD_COMPONENT,
+        }
+
+        @kopf.index("", "v1", "pods", id="loader_pods", labels=loader_filter, registry=registry)
+        def loader_pods(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): loader_pod_view(body)}
+
+        @kopf.index("batch", "v1", "jobs", id="build_jobs", labels=build_filter, registry=registry)
+        def build_jobs(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): build_job_view(body)}
+
+        @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
+        @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
+        async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+            wakeups.wake((PLURAL, namespace or "", labels.get(MODULE_LABEL, "")))
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+        async def module_changed(namespace: str | None, name: str, **_: Any) -> None:
+            wakeups.wake((PLURAL, namespace or "", name))
+
+        @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=30)
+        async def module_daemon(
+            name: str,
+            namespace: str | None,
+            body: kopf.Body,
+            stopped: kopf.DaemonStopped,
+            **kwargs: Any,
+        ) -> None:
+            # kopf passes each index by its id.
+            pods_index: kopf.Index[Any, Any] = kwargs["loader_pods"]
+            jobs_index: kopf.Index[Any, Any] = kwargs["build_jobs"]
+            key = (namespace or "", name)
+
+            def one_pass() -> float | None:
+                return self.reconcile(
+                    dict(body), list(pods_index.get(key, [])), list(jobs_index.get(key, []))
+                )
+
+            try:
+                await reconcile_loop(
+                    (PLURAL, *key),
+                    metrics.instrumented(PLURAL, one_pass),
+                    stopped,
+                    wakeups,
+                    self.settings.resync_seconds,
+                )
+            finally:
+                metrics.forget(PLURAL, f"{namespace}/{name}")
+
+        @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+        def module_deleted(name: str, namespace: str | None, **kwargs: Any) -> None:
+            key = (namespace or "", name)
+            self.finalize(*key, list(kwargs["loader_pods"].get(key, [])))
+
+    # -- a pass ---------------------------------------------------------------
+
+    def reconcile(self, body: dict[str, Any], pods: list[Any], jobs: list[Any]) -> float | None:
+        """One pass over a Module; returns seconds until a timed retry is due."""
+        meta = body.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        try:
+            module = Module.model_validate(body)
+        except ValidationError as err:
+            self._write_status(body, module_status(body, LoaderPlan(), invalid=str(err)))
+            return None
+        nodes = list(self.nodes.values())
+        first = plan(module, nodes, pods, {}, self.settings.loader)
+        succeeded = {j.image for j in jobs if j.succeeded}
+        existence = self._check_images(module, first.needed_images, succeeded)
+        builds = plan_builds(
+            module,
+            first.needed_images,
+            first.nodes_by_image,
+            nodes,
+            existence,
+            jobs,
+            self.settings.build,
+            time.time(),
+        )
+        final = plan(module, nodes, pods, builds.states, self.settings.loader)
+        if final.awaiting_consumers:
+            ready_key = labels.READY.key(ns, name)
+            consumers = {
+                node: [
+                    f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                    for p in self.kube.pods_on_node(node)
+                    if gated_on(p, ready_key)
+                ]
+                for node in final.awaiting_consumers
+            }
+            final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
+
+        owner = _owner(body)
+        for job in builds.create:
+            job["metadata"]["ownerReferences"] = [owner]
+            self.kube.create(job)
+            image = job["metadata"]["annotations"][IMAGE_ANNOTATION]
+            self.kube.event(
+                # A namespaced object's Event must name its namespace, or it is refused.
+                {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
+                "Module",
+                "BuildCreated",
+                f"building {image} in Job {job['metadata']['name']}",
+                ns,
+            )
+        for job_name in builds.delete:
+            self.kube.delete_job(ns, job_name)
+        for pod_name in final.delete:
+            self.kube.delete_pod(ns, pod_name)
+        for pod in final.create:
+            pod["metadata"]["ownerReferences"] = [owner]
+            self.kube.create(pod)
+        self._label_nodes(final.node_labels, ns, name)
+        metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
+        self._write_status(body, module_status(body, final))
+        waiting = any(
+            s.state in (ImageState.MISSING, ImageState.UNKNOWN) for s in builds.states.values()
+        )
+        requeues = [
+            t
+            for t in (builds.requeue_after, self.settings.recheck_seconds if waiting else None)
+            if t
+        ]
+        return min(requeues, default=None)
+
+    def _check_images(
+        self, module: Module, needed: Mapping[str, ResolvedMapping], just_built: Iterable[str]
+    ) -> dict[str, Answer]:
+        trigger = str(module.spec.image_rebuild_trigger_generation or "")
+        fresh = set(just_built)
+        # The pull secret is read once per pass, and only if the registry is asked.
+        secret = functools.cache(lambda: self._pull_secret(module))
+        answers: dict[str, Answer] = {}
+        for image, resolved in needed.items():
+            cached = self.answers.get((image, trigger))
+            if cached is not None and not (
+                image in fresh and cached.existence is not Existence.EXISTS
+            ):
+                answers[image] = cached
+                continue
+            body = secret()
+            host = registry_host(parse_image_reference(image))
+            creds = credentials_for(body, host) if body is not None else None
+            answer = check(image, creds, resolved.registry_tls, self.settings.registry_ca_bundle)
+            self.answers.put((image, trigger), answer)
+            answers[image] = answer
+        return answers
+
+    def _pull_secret(self, module: Module) -> str | None:
+        ref = module.spec.image_repo_secret
+        if ref is None:
+            return None
+        data = self.kube.read_secret(module.metadata.namespace or "", ref.name or "")
+        if not data or ".dockerconfigjson" not in data:
+            return None
+        return base64.b64decode(data[".dockerconfigjson"]).decode()
+
+    def _label_nodes(
+        self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
+    ) -> None:
+        ready_key = labels.READY.key(ns, name)
+        for node, change in sorted(changes.items()):
+            self.kube.label_node(node, change)
+            view = self.nodes.get(node)
+            if ready_key not in change or view is None:
+                continue
+            loaded = change[ready_key] is not None
+            self.kube.event(
+                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": view.uid},
+                "Node",
+                "ModuleLoaded" if loaded else "ModuleUnloaded",
+                f"Module {ns}/{name} {'loaded into' if loaded else 'unloaded from'} the kernel",
+                "default",
+            )
+
+    def _write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        if _same_status(body.get("status") or {}, status):
+            return  # idle after convergence means zero writes
+        meta = body.get("metadata") or {}
+        self.kube.patch_status(
+            GROUP, VERSION, PLURAL, meta.get("namespace"), meta.get("name", ""), status
+        )
+
+    # -- deletion -------------------------------------------------------------
+
+    def finalize(self, ns: str, name: str, pods: list[Any]) -> None:
+        """Unload everywhere and remove the labels; kopf keeps the finalizer until done.
+
+        The readiness labels go first so gated pods (device plugins) leave each
+        node; a loader pod is deleted (and its module unloaded) only then.
+        """
+        ready_key = labels.READY.key(ns, name)
+        keys = (ready_key, labels.VERSION_READY.key(ns, name))
+        for node in self.nodes.values():
+            change = {k: None for k in keys if k in node.labels}
+            if change:
+                self.kube.label_node(node.name, change)
+        waiting = []
+        for pod in pods:
+            holders = [
+                p["metadata"]["name"]
+                for p in self.kube.pods_on_node(pod.node)
+                if gated_on(p, ready_key)
+            ]
+            if holders:
+                waiting.append(f"{pod.node} ({', '.join(holders)})")
+            elif not pod.deleting:
+                self.kube.delete_pod(ns, pod.name)
+        if pods:
+            detail = f"; gated pods still on {', '.join(waiting[:5])}" if waiting else ""
+            raise kopf.TemporaryError(
+                f"waiting for {len(pods)} loader pods to unload{detail}", delay=3
+            )
+
+
+def _same_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in old.items() if k in new} == dict(new)

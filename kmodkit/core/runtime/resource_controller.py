@@ -1,0 +1,325 @@
+"""The runtime side of the backend contract: one controller per backend resource.
+
+For every object of the resource a daemon runs the backend's pure plan on
+what the watches saw, server-side applies the planned objects (labelled and
+owner-referenced to the object, so the controller-manager collects them with
+it), prunes owned objects no longer planned, runs a rollout pass when the plan
+asks for one, and writes the status when it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kopf
+from kubernetes import dynamic
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from kmodkit.core import labels
+from kmodkit.core.contract.backend import ClusterView, Obj, Plan, Resource
+from kmodkit.core.rollout.abandon import abandon
+from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
+from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.loop import reconcile_loop
+from kmodkit.core.runtime.observed import Shared
+
+log = logging.getLogger("kmodkit.controller")
+
+OWNER_UID_LABEL = f"{labels.KMODKIT_PREFIX}/owner-uid"
+RETRY_FAILED_APPLY = 30.0
+"""On every object a backend plan produced: the uid of the object that owns it."""
+
+
+def _identity(obj: Obj) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (
+        str(obj.get("apiVersion")),
+        str(obj.get("kind")),
+        str(meta.get("namespace") or ""),
+        str(meta.get("name")),
+    )
+
+
+def _policy_name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
+
+
+class ResourceController:
+    def __init__(
+        self, backend: str, resource: Resource, shared: Shared, resync_seconds: float = 300.0
+    ) -> None:
+        self.backend = backend
+        self.resource = resource
+        self.shared = shared
+        self.resync_seconds = resync_seconds
+        self._dynamic: Any = None
+
+    @property
+    def _id(self) -> str:
+        return f"{self.backend}.{self.resource.crd.plural}"
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        crd = self.resource.crd
+        wakeups = self.shared.wakeups
+        kind_key = ("backend", crd.group, crd.plural)
+        watch_ids = {w.name: f"{self._id}.watch.{w.name}" for w in self.resource.watches}
+        owned_ids = [f"{self._id}.owned.{o.kind.lower()}" for o in self.resource.owns]
+
+        for w in self.resource.watches:
+
+            def index_all(body: kopf.Body, **_: Any) -> dict[None, Obj]:
+                return {None: dict(body)}
+
+            kopf.index(
+                w.group,
+                w.version,
+                w.plural,
+                id=watch_ids[w.name],
+                labels=dict(w.labels) or None,
+                registry=registry,
+            )(index_all)
+
+            async def watched_changed(**_: Any) -> None:
+                wakeups.wake_all()  # narrow enough: watches are label-filtered
+
+            kopf.on.event(
+                w.group,
+                w.version,
+                w.plural,
+                id=f"{watch_ids[w.name]}.event",
+                labels=dict(w.labels) or None,
+                registry=registry,
+            )(watched_changed)
+
+        owner_filter = {OWNER_UID_LABEL: kopf.PRESENT}
+        for owned, owned_id in zip(self.resource.owns, owned_ids, strict=True):
+            group, _, version = owned.api_version.rpartition("/")
+
+            def index_owned(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Obj]:
+                return {labels[OWNER_UID_LABEL]: dict(body)}
+
+            kopf.index(
+                group, version, owned.plural, id=owned_id, labels=owner_filter, registry=registry
+            )(index_owned)
+
+            async def owned_changed(labels: kopf.Labels, **_: Any) -> None:
+                wakeups.wake((*kind_key, labels[OWNER_UID_LABEL]))
+
+            kopf.on.event(
+                group,
+                version,
+                owned.plural,
+                id=f"{owned_id}.event",
+                labels=owner_filter,
+                registry=registry,
+            )(owned_changed)
+
+        @kopf.on.event(
+            crd.group, crd.version, crd.plural, id=f"{self._id}.event", registry=registry
+        )
+        async def changed(uid: str, **_: Any) -> None:
+            wakeups.wake((*kind_key, uid))
+
+        @kopf.daemon(
+            crd.group,
+            crd.version,
+            crd.plural,
+            id=f"{self._id}.daemon",
+            registry=registry,
+            cancellation_timeout=30,
+        )
+        async def daemon(
+            uid: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any
+        ) -> None:
+            def one_pass() -> float | None:
+                watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
+                owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
+                return self.reconcile(dict(body), watched, owned)
+
+            try:
+                await reconcile_loop(
+                    (*kind_key, uid),
+                    metrics.instrumented(self._id, one_pass),
+                    stopped,
+                    wakeups,
+                    self.resync_seconds,
+                )
+            finally:
+                metrics.forget(self._id, _policy_name(body))
+
+        if self.resource.hooks is not None:
+
+            @kopf.on.delete(
+                crd.group, crd.version, crd.plural, id=f"{self._id}.finalize", registry=registry
+            )
+            def finalize(body: kopf.Body, **kwargs: Any) -> None:
+                # A rollout must never leave a node cordoned because its policy went away.
+                watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
+                plan = self.resource.plan(dict(body), self._view(watched, []))
+                if plan.rollout is not None:
+                    abandon(
+                        self.shared.kube.api,
+                        plan.rollout.policy_id,
+                        [
+                            self.shared.raw_nodes[n]
+                            for n in plan.rollout.nodes
+                            if n in self.shared.raw_nodes
+                        ],
+                    )
+
+    def _view(self, watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]) -> ClusterView:
+        return ClusterView(
+            nodes=list(self.shared.nodes.values()),
+            api_groups=self.shared.api_groups,
+            operator_namespace=self.shared.operator_namespace,
+            watched=watched,
+            owned=owned,
+            settings=self.shared.settings,
+        )
+
+    def reconcile(
+        self, body: dict[str, Any], watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]
+    ) -> float | None:
+        view = self._view(watched, owned)
+        plan = self.resource.plan(body, view)
+        failed = self._apply(body, plan)
+        self._prune(plan, owned)
+        status = dict(plan.status)
+        if plan.rollout is not None:
+            status = self._rollout(body, plan, view, status)
+        self._write_status(body, status)
+        if failed:
+            return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
+        return plan.requeue_after
+
+    def _apply(self, owner: Obj, plan: Plan) -> int:
+        """Apply every planned object; one the apiserver refuses does not stop the others.
+
+        Refusals are logged and posted as a Warning event on the owner, naming
+        the object and the apiserver's reason; returns how many failed.
+        """
+        failed = 0
+        meta = owner.get("metadata") or {}
+        ref = {
+            "apiVersion": owner.get("apiVersion"),
+            "kind": owner.get("kind"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        for obj in plan.objects:
+            body = dict(obj)
+            obj_meta = dict(body.get("metadata") or {})
+            obj_meta["labels"] = {
+                **(obj_meta.get("labels") or {}),
+                labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+                OWNER_UID_LABEL: str(meta.get("uid")),
+            }
+            obj_meta["ownerReferences"] = [ref]
+            body["metadata"] = obj_meta
+            try:
+                self._resource_for(body).server_side_apply(
+                    body=body,
+                    field_manager=labels.FIELD_MANAGER,
+                    force_conflicts=True,
+                    namespace=obj_meta.get("namespace"),
+                )
+            except Exception as err:  # the dynamic client raises several unrelated types
+                failed += 1
+                what = (
+                    f"{body.get('kind')} {obj_meta.get('namespace') or ''}/{obj_meta.get('name')}"
+                )
+                reason = getattr(err, "summary", None) or getattr(err, "reason", None) or err
+                log.warning(
+                    "applying %s for %s %s failed: %s",
+                    what,
+                    owner.get("kind"),
+                    meta.get("name"),
+                    reason,
+                )
+                self.shared.kube.event(
+                    {
+                        "apiVersion": owner.get("apiVersion"),
+                        "kind": owner.get("kind"),
+                        "name": meta.get("name"),
+                        "uid": meta.get("uid"),
+                        "namespace": meta.get("namespace"),
+                    },
+                    str(owner.get("kind")),
+                    "ApplyFailed",
+                    f"{what}: {reason}",
+                    meta.get("namespace") or "default",
+                    warning=True,
+                )
+        return failed
+
+    def _prune(self, plan: Plan, owned: Sequence[Obj]) -> None:
+        wanted = {_identity(o) for o in plan.objects}
+        for obj in owned:
+            if _identity(obj) in wanted:
+                continue
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                continue
+            with contextlib.suppress(NotFoundError):
+                self._resource_for(obj).delete(
+                    name=meta.get("name"), namespace=meta.get("namespace")
+                )
+
+    def _resource_for(self, obj: Obj) -> Any:
+        if self._dynamic is None:
+            untyped: Any = dynamic  # the dynamic client has no type hints
+            self._dynamic = untyped.DynamicClient(self.shared.kube.api)
+        return self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+    def _rollout(
+        self, body: Obj, plan: Plan, view: ClusterView, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        request = plan.rollout
+        assert request is not None and self.resource.hooks is not None
+        hooks = self.resource.hooks(body, view, self.shared.kube.api)
+        meta = body.get("metadata") or {}
+        result = rollout_pass(
+            self.shared.kube.api,
+            request.policy_id,
+            request.policy,
+            [self.shared.raw_nodes[n] for n in request.nodes if n in self.shared.raw_nodes],
+            hooks,
+            target=request.target,
+            paused=request.paused,
+            skip_label=request.skip_label,
+            involved={
+                "apiVersion": str(body.get("apiVersion")),
+                "kind": str(body.get("kind")),
+                "name": str(meta.get("name")),
+                "namespace": str(meta.get("namespace") or ""),
+                "uid": str(meta.get("uid")),
+            },
+        )
+        metrics.node_states(self._id, _policy_name(body), result.nodes_by_state)
+        metrics.rollout_pass(
+            self._id, result.transitions, result.evictions, result.evictions_blocked
+        )
+        if self.resource.rollout_status is not None:
+            return dict(self.resource.rollout_status(status, result))
+        return status
+
+    def _write_status(self, body: Obj, status: Mapping[str, Any]) -> None:
+        old = body.get("status") or {}
+        if {k: v for k, v in old.items() if k in status} == dict(status):
+            return
+        crd = self.resource.crd
+        meta = body.get("metadata") or {}
+        self.shared.kube.patch_status(
+            crd.group,
+            crd.version,
+            crd.plural,
+            meta.get("namespace") if crd.namespaced else None,
+            str(meta.get("name")),
+            status,
+        )
