@@ -15,15 +15,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import registry as devregistry
 
 CLUSTER_NAME = f"pytest-{os.getpid()}"
+TESTS = Path(__file__).parent
+# Per-tier limits, so a hung pure test fails in seconds instead of waiting out
+# the cluster tiers' limit. A test's own timeout marker wins.
+TIER_TIMEOUTS = {"unit": 15, "node": 30, "packaging": 120, "integration": 600, "e2e": 900}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        tier = item.path.relative_to(TESTS).parts[0]
+        if (limit := TIER_TIMEOUTS.get(tier)) is not None:
+            item.add_marker(pytest.mark.timeout(limit))
 
 
 @pytest.fixture(scope="session")
 def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    capture: Any = request.config.pluginmanager.get_plugin("capturemanager")
 
     def say(msg: str) -> None:
         # Shown even under output capture: a reader of the test log must see
@@ -57,7 +71,7 @@ def namespace(kube_api: Any) -> Iterator[str]:
     from kubernetes import client
 
     name = f"t-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(kube_api)
+    core: Any = client.CoreV1Api(kube_api)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name, propagation_policy="Background")

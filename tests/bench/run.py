@@ -21,15 +21,14 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import registry as devregistry
-from kmodkit_dev.nodes import KERNELS, node_manifest
-from kmodkit_dev.operator import running_operator
-
 from kmodkit.core.api import Module
 from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.nodes import NodeView
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import registry as devregistry
+from kmodkit_dev.nodes import KERNELS, node_manifest
+from kmodkit_dev.operator import running_operator
 
 NS = "bench"
 
@@ -87,6 +86,8 @@ def _rss_peak_mib(pid: int) -> float:
 def bench_cluster(n: int) -> None:
     from kubernetes import client, watch
 
+    untyped_watch: Any = watch  # the watch module has no type hints
+
     name = f"bench-{os.getpid()}"
     c = devcluster.up(name, nodes=0)
     work = Path(tempfile.mkdtemp(prefix="kmodkit-bench-"))
@@ -134,7 +135,7 @@ def bench_cluster(n: int) -> None:
             stop = threading.Event()
 
             def count() -> None:
-                w = watch.Watch()
+                w: Any = untyped_watch.Watch()
                 rv = core.list_node().metadata.resource_version
                 for ev in w.stream(core.list_node, resource_version=rv, timeout_seconds=30):
                     if stop.is_set():

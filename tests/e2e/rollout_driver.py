@@ -100,7 +100,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.2)
     args = parser.parse_args()
 
-    api = config.new_client_from_config(config_file=args.kubeconfig)
+    untyped_config: Any = config  # no type hints
+    api = untyped_config.new_client_from_config(config_file=args.kubeconfig)
     core = client.CoreV1Api(api)
     policy = UpgradePolicy.model_validate_json(args.policy)
     hooks = SimulatedDriverHooks(core, args.target)

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kmodkit_dev import cluster as devcluster
-from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.waiting import wait_until
 from kubernetes import client, watch
 
 from kmodkit.core.rollout import RolloutKeys
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev.nodes import node_manifest
+from kmodkit_dev.waiting import wait_until
 from tests.e2e.rollout_driver import DEVICE_PATH, DEVICE_PODS_AT_SWAP, SWAPS, VERSION
 
 REPO = Path(__file__).resolve().parents[2]

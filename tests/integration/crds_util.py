@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kmodkit_dev import manifests as devmanifests
 from kubernetes import client
+
+from kmodkit_dev import manifests as devmanifests
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from kmodkit_dev import build
-from kmodkit_dev.manifests import apply, wait_established
-from kmodkit_dev.operator import running_operator
-from kmodkit_dev.versions import KUBERNETES_VERSION
-from kmodkit_dev.waiting import wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.core.runtime.plugins import discover
+from kmodkit_dev import build
+from kmodkit_dev.manifests import apply, wait_established
+from kmodkit_dev.operator import running_operator
+from kmodkit_dev.versions import KUBERNETES_VERSION
+from kmodkit_dev.waiting import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
 DIGEST = "sha256:" + "ab" * 32

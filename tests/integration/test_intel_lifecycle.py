@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from tests.integration.crds_util import install
 
 # Two kernels, so one node can have its driver image while the other has none.

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kmodkit_dev.waiting import wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core.api import Module
+from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
 from tests.unit.module_cases import CASES, Case

@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kmodkit.core import labels
+from kmodkit.core.contract.backend import CONTRACT_VERSION
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.manifests import apply, wait_established
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from kmodkit.core import labels
-from kmodkit.core.contract.backend import CONTRACT_VERSION
 from tests.plugins.install import pip_install
 
 pytestmark = pytest.mark.cluster

@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from kmodkit.backends.intel_xe import device_plugin, dra_driver, xpu_manager
 from kmodkit_dev import build, procs
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
@@ -41,11 +46,6 @@ from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
-from prometheus_client.parser import text_string_to_metric_families
-
-from kmodkit.backends.intel_xe import device_plugin, dra_driver, xpu_manager
 from tests.integration import test_intel_lifecycle as intel
 from tests.integration import test_tt_firmware as ttfw
 from tests.integration.test_chart import CHART, Grant, Helm, grants

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.waiting import wait_until
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 
 def _uid() -> str:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from kmodkit_dev import build
 from kmodkit_dev.registry import Registry
-from kubernetes import client
 
 
 def _get(reg: Registry, path: str, auth: tuple[str, str] | None, method: str = "GET") -> int:

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kmodkit_dev import tenstorrent_demo as demo_objects
-from kmodkit_dev.waiting import wait_until
 from kubernetes import client
 
+from kmodkit_dev import tenstorrent_demo as demo_objects
+from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,

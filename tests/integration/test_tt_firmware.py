@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kmodkit_dev.waiting import wait_until
 from kubernetes import client
 
+from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     DRIVER,
     FIRMWARE,

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.nodes import TENSTORRENT_LABELS, node_manifest
 from kmodkit_dev.operator import Operator, running_operator
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from tests.integration.crds_util import install
 
 MERGE = "application/merge-patch+json"

@@ -129,7 +129,7 @@ def load() -> tuple[bool, object]:
         "dep_refcnt": sysfs(DEP, "refcnt"),
         "depmod": bool(events(records, "image.depmod")),
     }
-    ok = (
+    ok = bool(
         code == 0
         and order == [DEP, TOP]
         and facts["initstate"] == "live"
@@ -137,7 +137,7 @@ def load() -> tuple[bool, object]:
         and facts["dep_refcnt"] == "1"
         and facts["depmod"]
     )
-    return ok, facts if ok else {**facts, "records": records}
+    return ok, (facts if ok else {**facts, "records": records})
 
 
 def firmware_placed_before_load() -> tuple[bool, object]:
@@ -209,7 +209,7 @@ def force_unload_kills_the_holder(holder: subprocess.Popen[bytes]) -> tuple[bool
         and firmware_gone
     )
     facts = {"exit": code, "killed": killed, "holder_exit": returncode, "removed": removed}
-    return ok, facts if ok else {**facts, "records": records}
+    return ok, (facts if ok else {**facts, "records": records})
 
 
 def dkms_state_signal() -> tuple[bool, object]:

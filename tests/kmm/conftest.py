@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kmodkit_dev.manifests import apply, wait_established
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit_dev.manifests import apply, wait_established
 from tests.integration.crds_util import install
 
 ENV = "KMODKIT_KMM_CRDS"

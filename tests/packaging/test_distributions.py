@@ -8,6 +8,7 @@ own that the product never contains.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,6 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# What the three pyproject.toml files build from; copied, since setuptools
+# leaves build/ and *.egg-info/ beside the sources it builds.
+SOURCES = ("pyproject.toml", "README.md", "kmodkit", "agent", "devcluster")
 
 
 def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
@@ -45,8 +49,21 @@ def _requires(wheel: zipfile.ZipFile) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def product(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    return _wheel(REPO, tmp_path_factory.mktemp("product"))
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tree")
+    junk = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    for name in SOURCES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=junk)
+        else:
+            shutil.copy(source, root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def product(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    return _wheel(tree, tmp_path_factory.mktemp("product"))
 
 
 def test_the_product_installs_one_import_root(product: zipfile.ZipFile) -> None:
@@ -64,16 +81,16 @@ def test_the_product_declares_its_backends_and_commands(product: zipfile.ZipFile
     assert "kmodkit = kmodkit.core.cli.main:main" in text
 
 
-def test_the_agent_distribution_holds_the_agent_alone(tmp_path: Path) -> None:
-    wheel = _wheel(REPO / "agent", tmp_path)
+def test_the_agent_distribution_holds_the_agent_alone(tree: Path, tmp_path: Path) -> None:
+    wheel = _wheel(tree / "agent", tmp_path)
     code = {n for n in wheel.namelist() if ".dist-info/" not in n}
     assert code and all(n.startswith("kmodkit/agent/") for n in code), sorted(code)
     assert "kmodkit/__init__.py" not in code  # a namespace portion, not a second kmodkit
     assert _requires(wheel) == {"pydantic", "PyYAML", "click"}
 
 
-def test_the_dev_harness_is_its_own_distribution(tmp_path: Path) -> None:
-    wheel = _wheel(REPO / "devcluster", tmp_path)
+def test_the_dev_harness_is_its_own_distribution(tree: Path, tmp_path: Path) -> None:
+    wheel = _wheel(tree / "devcluster", tmp_path)
     assert _top_level(wheel) == {"kmodkit_dev"}
     names = wheel.namelist()
     # The Go wrapper modules and kwok's stages travel with the harness that builds them.

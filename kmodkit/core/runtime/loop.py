@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 
 import kopf
 
-from kmodkit.core.runtime.observed import Wakeups
+from kmodkit.core.runtime.watch_cache import Wakeups
 
 log = logging.getLogger("kmodkit.loop")
 RETRY_AFTER_ERROR = 10.0

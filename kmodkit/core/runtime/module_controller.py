@@ -53,7 +53,7 @@ from kmodkit.core.engine.registry import (
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.observed import Shared
+from kmodkit.core.runtime.watch_cache import Shared
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 MODULE_REF = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Module"}

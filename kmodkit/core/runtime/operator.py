@@ -20,9 +20,9 @@ from kmodkit.core import labels
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.module_controller import Engine, EngineSettings
-from kmodkit.core.runtime.observed import Shared
 from kmodkit.core.runtime.plugins import Discovered, discover
 from kmodkit.core.runtime.resource_controller import ResourceController
+from kmodkit.core.runtime.watch_cache import Shared
 
 log = logging.getLogger("kmodkit")
 

@@ -24,7 +24,7 @@ from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.observed import Shared
+from kmodkit.core.runtime.watch_cache import Shared
 
 log = logging.getLogger("kmodkit.controller")
 

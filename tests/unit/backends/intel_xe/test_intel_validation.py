@@ -14,7 +14,7 @@ from kmodkit.backends.intel_xe.crd import CRD, admission_documents
 from kmodkit.backends.intel_xe.rules import cluster_policy_problems
 from kmodkit.core.schema.crd import crd_manifest
 
-SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "samples" / "clusterpolicy-ubuntu26.04.yaml"
+SAMPLE = Path(__file__).resolve().parents[4] / "docs" / "samples" / "clusterpolicy-ubuntu26.04.yaml"
 
 
 def policy(**spec: Any) -> dict[str, Any]:

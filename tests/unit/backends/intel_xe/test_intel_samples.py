@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import yaml
-from kmodkit_dev import xe_build_configmap as build_configmap
 
 from kmodkit.backends.intel_xe.plan import plan
 from kmodkit.core.contract.backend import ClusterView
+from kmodkit_dev import xe_build_configmap as build_configmap
 
 SAMPLES = build_configmap.ROOT / "docs" / "samples"
 

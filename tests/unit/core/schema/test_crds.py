@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from kmodkit.core.cli import crds
 from kmodkit.core.schema.crd import SchemaError, structural_schema
 
-CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
+CRDS_DIR = Path(__file__).resolve().parents[4] / "crds"
 
 
 def _module_crd() -> dict[str, Any]:

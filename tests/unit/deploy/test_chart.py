@@ -11,7 +11,7 @@ import yaml
 
 from kmodkit.core.cli import crds
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "kmodkit"
 # kopf's peering CRD is kopf's, not generated from kmodkit's models.
 NOT_GENERATED = {"kopf.dev_clusterkopfpeerings.yaml"}
 
