@@ -23,14 +23,17 @@ from rich.live import Live
 from rich.table import Table
 
 from kmodkit.core import labels
+from kmodkit.core.rollout.keys import ROLLOUT_ATTEMPT_SUFFIX, ROLLOUT_PREFIX
 from kmodkit.core.schema.crd import MODULE_CRD, CrdSource
 
 MAX_FAILURES_SHOWN = 3
+# Upstream KMM's version controller writes its node keys under this prefix.
+KMM_BETA_PREFIX = "beta.kmm.node.kubernetes.io"
 MAX_EVENTS = 15
 NODE_LABEL_PREFIXES = (
     f"{labels.KMM_PREFIX}/",
-    f"{labels.KMM_BETA_PREFIX}/",
-    f"{labels.ROLLOUT_PREFIX}/",
+    f"{KMM_BETA_PREFIX}/",
+    f"{ROLLOUT_PREFIX}/",
 )
 
 
@@ -176,12 +179,12 @@ def node_view(node: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> G
     rollouts = Table(title="Rollouts", box=None, title_justify="left", pad_edge=False)
     for col in ("POLICY", "STATE", "ATTEMPT", "REASON", "MESSAGE"):
         rollouts.add_column(col, overflow="fold")
-    prefix = f"{labels.ROLLOUT_PREFIX}/"
+    prefix = f"{ROLLOUT_PREFIX}/"
     for key in sorted(k for k in node_labels if k.startswith(prefix)):
         rollouts.add_row(
             key.removeprefix(prefix),
             node_labels[key],
-            annotations.get(f"{key}{labels.ROLLOUT_ATTEMPT_SUFFIX}", "-"),
+            annotations.get(f"{key}{ROLLOUT_ATTEMPT_SUFFIX}", "-"),
             annotations.get(f"{key}.reason", "-"),
             annotations.get(f"{key}.message", "-"),
         )

@@ -15,10 +15,42 @@ from dataclasses import dataclass
 
 from kmodkit.core import labels
 
+# Per-node progress of one rollout policy, kept on the Node.
+# Every key is ``rollout.kmodkit.io/<scope><suffix>``; ``scope_for`` derives
+# ``<scope>`` from the policy's id so several policies can roll different things
+# on the same node, and hashes it when the id does not fit a key.
+ROLLOUT_PREFIX = f"rollout.{labels.KMODKIT_PREFIX}"
+ROLLOUT_STATE_SUFFIX = ""
+"""Label. Value: the node's rollout state (``required``, ``cordoning``, ..., ``done``)."""
+ROLLOUT_SINCE_SUFFIX = ".since"
+"""Annotation. Unix seconds when the node entered its current state; drives every timeout."""
+ROLLOUT_CORDON_SUFFIX = ".cordon"
+"""Annotation. ``rollout`` if the rollout cordoned the node, ``external`` if it already was."""
+ROLLOUT_ATTEMPT_SUFFIX = ".attempt"
+"""Annotation. How many times the rollout has started on this node for the current target."""
+ROLLOUT_TARGET_SUFFIX = ".target"
+"""Annotation. What the rollout was delivering when it started on this node."""
+ROLLOUT_GATES_SUFFIX = ".gates"
+"""Annotation. JSON of the deploy-gate labels' values before the rollout changed them."""
+ROLLOUT_REASON_SUFFIX = ".reason"
+"""Annotation. Machine-readable reason of the last transition (``EvictionBlocked``, ...)."""
+ROLLOUT_MESSAGE_SUFFIX = ".message"
+"""Annotation. Human-readable detail of the last transition."""
+ROLLOUT_SUFFIXES = (
+    ROLLOUT_STATE_SUFFIX,
+    ROLLOUT_SINCE_SUFFIX,
+    ROLLOUT_CORDON_SUFFIX,
+    ROLLOUT_ATTEMPT_SUFFIX,
+    ROLLOUT_TARGET_SUFFIX,
+    ROLLOUT_GATES_SUFFIX,
+    ROLLOUT_REASON_SUFFIX,
+    ROLLOUT_MESSAGE_SUFFIX,
+)
+
 _SCOPE_OK = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _NOT_KEY_CHAR = re.compile(r"[^-a-z0-9.]+")
 _HASH_LEN = 10
-_MAX_SCOPE = labels.MAX_KEY_NAME_LENGTH - max(len(s) for s in labels.ROLLOUT_SUFFIXES)
+_MAX_SCOPE = labels.MAX_KEY_NAME_LENGTH - max(len(s) for s in ROLLOUT_SUFFIXES)
 
 
 def scope_for(policy_id: str) -> str:
@@ -46,16 +78,16 @@ class RolloutKeys:
 
     @classmethod
     def for_policy(cls, policy_id: str) -> RolloutKeys:
-        base = f"{labels.ROLLOUT_PREFIX}/{scope_for(policy_id)}"
+        base = f"{ROLLOUT_PREFIX}/{scope_for(policy_id)}"
         return cls(
-            state=base + labels.ROLLOUT_STATE_SUFFIX,
-            since=base + labels.ROLLOUT_SINCE_SUFFIX,
-            cordon=base + labels.ROLLOUT_CORDON_SUFFIX,
-            attempt=base + labels.ROLLOUT_ATTEMPT_SUFFIX,
-            target=base + labels.ROLLOUT_TARGET_SUFFIX,
-            gates=base + labels.ROLLOUT_GATES_SUFFIX,
-            reason=base + labels.ROLLOUT_REASON_SUFFIX,
-            message=base + labels.ROLLOUT_MESSAGE_SUFFIX,
+            state=base + ROLLOUT_STATE_SUFFIX,
+            since=base + ROLLOUT_SINCE_SUFFIX,
+            cordon=base + ROLLOUT_CORDON_SUFFIX,
+            attempt=base + ROLLOUT_ATTEMPT_SUFFIX,
+            target=base + ROLLOUT_TARGET_SUFFIX,
+            gates=base + ROLLOUT_GATES_SUFFIX,
+            reason=base + ROLLOUT_REASON_SUFFIX,
+            message=base + ROLLOUT_MESSAGE_SUFFIX,
         )
 
     def annotations(self) -> tuple[str, ...]:

@@ -24,16 +24,21 @@ from kmodkit.core.runtime.plugins import Discovered, discover
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import Shared
 
+MODULE_FINALIZER = f"{labels.KMODKIT_PREFIX}/module-finalizer"
+"""Finalizer on kmodkit Modules: held until the module is unloaded everywhere."""
+
 log = logging.getLogger("kmodkit")
 
 
 def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     # Progress and finalizers of our own resources go under our own keys; kopf
     # never writes its bookkeeping onto Nodes or Pods (those are observed only).
-    settings.persistence.finalizer = labels.MODULE_FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kmodkit.io")
+    settings.persistence.finalizer = MODULE_FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=labels.KMODKIT_PREFIX
+    )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kmodkit.io", key="last-handled-configuration"
+        prefix=labels.KMODKIT_PREFIX, key="last-handled-configuration"
     )
     # kopf's own per-handler events would drown the ones kmodkit posts.
     settings.posting.level = logging.WARNING

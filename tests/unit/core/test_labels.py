@@ -9,18 +9,10 @@ from hypothesis import strategies as st
 from kmodkit.core import labels
 from kmodkit.core.labels import LabelKeyError, ModuleKey, ModuleRef
 
-ALL_FAMILIES = [
-    labels.READY,
-    labels.VERSION_READY,
-    labels.DEVICE_PLUGIN_READY,
-    labels.DRA_READY,
-    labels.DEVICE_PLUGIN_TARGET,
-    labels.MODULE_VERSION,
-    labels.WORKER_POD_VERSION,
-    labels.SCHEDULE_POD_VERSION,
-    labels.MODULE_CONFIGURED,
-    labels.MODULE_IN_USE,
-]
+ALL_FAMILIES = [labels.READY, labels.VERSION_READY, labels.MODULE_VERSION]
+# The longest key upstream KMM derives from a Module (its version controller's);
+# it is why KMM, and kmodkit, limit namespace plus name to 41 characters.
+KMM_SCHEDULE_POD_VERSION = ModuleKey("beta.kmm.node.kubernetes.io", before="version-schedule-pod.")
 
 
 @pytest.mark.parametrize(
@@ -28,17 +20,7 @@ ALL_FAMILIES = [
     [
         (labels.READY, "kmm.node.kubernetes.io/drivers.xe.ready"),
         (labels.VERSION_READY, "kmm.node.kubernetes.io/drivers.xe.version.ready"),
-        (labels.DEVICE_PLUGIN_READY, "kmm.node.kubernetes.io/drivers.xe.device-plugin-ready"),
-        (labels.DRA_READY, "kmm.node.kubernetes.io/drivers.xe.dra-ready"),
-        (labels.DEVICE_PLUGIN_TARGET, "kmm.node.kubernetes.io/drivers.xe.device-plugin-target"),
         (labels.MODULE_VERSION, "kmm.node.kubernetes.io/version-module.drivers.xe"),
-        (labels.WORKER_POD_VERSION, "beta.kmm.node.kubernetes.io/version-worker-pod.drivers.xe"),
-        (
-            labels.SCHEDULE_POD_VERSION,
-            "beta.kmm.node.kubernetes.io/version-schedule-pod.drivers.xe",
-        ),
-        (labels.MODULE_CONFIGURED, "beta.kmm.node.kubernetes.io/drivers.xe.module-configured"),
-        (labels.MODULE_IN_USE, "beta.kmm.node.kubernetes.io/drivers.xe.module-in-use"),
     ],
 )
 def test_kmm_key_formats(family: ModuleKey, key: str) -> None:
@@ -73,27 +55,17 @@ def test_foreign_keys_are_not_parsed(key: str) -> None:
 
 
 def test_constants_match_kmm() -> None:
-    assert labels.deprecated_ready_label("xe") == "kmm.node.kubernetes.io/xe.ready"
-    assert labels.NAMESPACE_CONTAINS_MODULES_LABEL == "kmm.node.k8s.io/contains-modules"
     assert labels.MODULE_NAME_LABEL == "kmm.node.kubernetes.io/module.name"
-    assert labels.KMM_MODULE_FINALIZER == "kmm.node.kubernetes.io/module-finalizer"
-    assert labels.WORKER_POD_FINALIZER == "kmm.node.kubernetes.io/nodemodulesconfig-reconciler"
+    assert labels.ROLE_LABEL == "kmm.node.kubernetes.io/role"
+    assert labels.TARGET_KERNEL_LABEL == "kmm.node.kubernetes.io/target-kernel"
 
 
 def test_the_longest_kmm_key_fits_exactly_at_41_characters() -> None:
     namespace, name = "n" * 20, "m" * 21
-    key = labels.SCHEDULE_POD_VERSION.key(namespace, name)
+    key = KMM_SCHEDULE_POD_VERSION.key(namespace, name)
     assert len(key.split("/", 1)[1]) == 63
     with pytest.raises(LabelKeyError, match="longer than 63"):
-        labels.SCHEDULE_POD_VERSION.key(namespace, name + "m")
-
-
-def test_kmodkit_keys() -> None:
-    family = labels.kmodkit_module_key(".rollout-state")
-    assert family.key("drivers", "xe") == "kmodkit.io/drivers.xe.rollout-state"
-    assert family.parse("kmodkit.io/drivers.xe.rollout-state") == ModuleRef("drivers", "xe")
-    with pytest.raises(LabelKeyError):
-        labels.kmodkit_module_key("." + "x" * 21)
+        KMM_SCHEDULE_POD_VERSION.key(namespace, name + "m")
 
 
 _label = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?\Z")
