@@ -49,7 +49,6 @@ from kmodkit.core.contract.backend import (
     Backend,
     ClusterView,
     HooksFn,
-    Obj,
     OwnedKind,
     Plan,
     PlanFn,
@@ -58,7 +57,7 @@ from kmodkit.core.contract.backend import (
     RolloutStatusFn,
     Watch,
 )
-from kmodkit.core.contract.hooks import Failed, Pending, RolloutHooks, Validated, Validation
+from kmodkit.core.contract.hooks import Failed, Obj, Pending, RolloutHooks, Validated, Validation
 from kmodkit.core.contract.policy import DeviceEviction, Drain, UpgradePolicy, WaitForCompletion
 from kmodkit.core.engine.images import (
     ImageReferenceError,
@@ -71,6 +70,7 @@ from kmodkit.core.kernel import TEMPLATE_VARIABLES, template_values
 from kmodkit.core.labels import FIELD_MANAGER, LabelKeyError
 from kmodkit.core.labels import READY as MODULE_READY_LABEL
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.states import State, parse_state
 from kmodkit.core.rollout.status import NodeRolloutStatus, RolloutStatus, RolloutSummary
@@ -92,6 +92,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     "RolloutRequest",
     "RolloutStatusFn",
     "Watch",
+    "controller_reference",
     # Rollouts: the policy a plan hands over, the hooks a backend implements,
     # the per-node state and status the rollout reports.
     "DeviceEviction",

@@ -31,7 +31,8 @@ NAMES_BY_CONTRACT = {
             "TOLERATION_EXISTS_VALUE_MSG", "TOLERATION_KEY_MSG", "TOLERATION_SECONDS_MSG",
             "TemplateError", "Text", "Toleration", "UpgradePolicy", "Validated", "Validation",
             "WaitForCompletion", "Watch", "cel", "cel_rules", "check_re2", "check_template",
-            "compile_re2", "parse_image_reference", "parse_state", "require_tag_or_digest",
+            "compile_re2", "controller_reference", "parse_image_reference", "parse_state",
+            "require_tag_or_digest",
             "schema_problems", "selector_error", "substitute", "template_values",
         }
     ),

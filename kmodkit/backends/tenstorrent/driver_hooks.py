@@ -19,9 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit.backends.tenstorrent import keys
 from kmodkit.backends.tenstorrent.builder_pods import BuilderPod
 from kmodkit.backends.tenstorrent.drain_rules import is_device_consumer
-from kmodkit.sdk import Pending, Validated, Validation
-
-Obj = Mapping[str, Any]
+from kmodkit.sdk import Obj, Pending, Validated, Validation
 
 
 def _labels(node: Obj) -> Mapping[str, str]:

@@ -20,9 +20,8 @@ from kmodkit.backends.tenstorrent.drain_rules import is_device_consumer
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.firmware_job import failure_text, flash_job, job_outcome
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
-from kmodkit.sdk import FIELD_MANAGER, Failed, Pending, RolloutKeys, Validated, Validation
+from kmodkit.sdk import FIELD_MANAGER, Failed, Obj, Pending, RolloutKeys, Validated, Validation
 
-Obj = Mapping[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.sdk import controller_reference
 
 APP_NAME = "tt-flasher"
 CONTAINER = "flash"
@@ -73,16 +74,7 @@ def flash_job(
             "namespace": namespace,
             "labels": job_meta_labels,
             "annotations": {keys.TT_FLASH_ATTEMPT_ANNOTATION: attempt},
-            "ownerReferences": [
-                {
-                    "apiVersion": owner.get("apiVersion"),
-                    "kind": owner.get("kind"),
-                    "name": policy,
-                    "uid": meta.get("uid"),
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [controller_reference(owner)],
         },
         "spec": {
             # A half-done flash is not retried blindly: the node fails and says why.

@@ -29,9 +29,9 @@ from kmodkit.core.api.base import (
 from kmodkit.core.api.common import LocalObjectReference, ObjectMeta, RegistryTLS, Toleration
 from kmodkit.core.api.status import ModuleStatus
 
-GROUP = "kmodkit.io"
-VERSION = "v1alpha1"
 API_VERSION: Final = "kmodkit.io/v1alpha1"
+GROUP, _, VERSION = API_VERSION.partition("/")
+PLURAL = "modules"
 KMM_API_VERSION: Final = "kmm.sigs.x-k8s.io/v1beta1"
 KIND: Final = "Module"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kmodkit.core.api import Module
+from kmodkit.core.api import API_VERSION, KMM_API_VERSION, Module
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.engine.build_plan import BuildSettings, plan_builds
 from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
@@ -20,7 +20,7 @@ from kmodkit.core.engine.registry import Answer, Existence
 from kmodkit.core.nodes import NodeView, node_view
 from kmodkit.core.runtime.plugins import discover
 
-MODULE_API_VERSIONS = ("kmodkit.io/v1alpha1", "kmm.sigs.x-k8s.io/v1beta1")
+MODULE_API_VERSIONS = (API_VERSION, KMM_API_VERSION)
 # What every supported Kubernetes (1.34+) serves, for plans that look for an API.
 OFFLINE_API_GROUPS = frozenset(
     {

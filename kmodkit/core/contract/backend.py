@@ -22,7 +22,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from kmodkit.core.contract.hooks import RolloutHooks
+from kmodkit.core.contract.hooks import Obj, RolloutHooks
 from kmodkit.core.contract.policy import UpgradePolicy
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.schema.crd import CrdSource
@@ -32,8 +32,6 @@ ENTRY_POINT_GROUP = "kmodkit.backends"
 
 # Bumped on any incompatible change to the classes below.
 CONTRACT_VERSION = 1
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

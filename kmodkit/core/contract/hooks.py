@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 Obj = Mapping[str, Any]
+"""A Kubernetes object as the API returns it (plain JSON)."""
 
 
 @dataclass(frozen=True)

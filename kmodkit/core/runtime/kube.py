@@ -85,24 +85,33 @@ class Kube:
             raise
         return dict(secret.data or {})
 
-    def patch_status(
+    def write_status(
         self,
         group: str,
         version: str,
         plural: str,
-        namespace: str | None,
-        name: str,
+        body: Mapping[str, Any],
         status: Mapping[str, Any],
     ) -> None:
-        body = {"status": dict(status)}
+        """Merge-patch ``status`` onto the object ``body`` unless it already says exactly that.
+
+        Idle after convergence means zero writes: a pass that changes nothing
+        writes nothing. Only the keys given are compared and written; others stay.
+        """
+        old = body.get("status") or {}
+        if {k: v for k, v in old.items() if k in status} == dict(status):
+            return
+        meta = body.get("metadata") or {}
+        namespace, name = meta.get("namespace"), str(meta.get("name", ""))
+        patch = {"status": dict(status)}
         try:
             if namespace:
                 self.custom.patch_namespaced_custom_object_status(
-                    group, version, namespace, plural, name, body, field_manager=FIELD_MANAGER
+                    group, version, namespace, plural, name, patch, field_manager=FIELD_MANAGER
                 )
             else:
                 self.custom.patch_cluster_custom_object_status(
-                    group, version, plural, name, body, field_manager=FIELD_MANAGER
+                    group, version, plural, name, patch, field_manager=FIELD_MANAGER
                 )
         except ApiException as e:
             if e.status != 404:  # deleted meanwhile

@@ -23,7 +23,7 @@ import kopf
 from pydantic import ValidationError
 
 from kmodkit.core import labels
-from kmodkit.core.api import Module
+from kmodkit.core.api.module import API_VERSION, GROUP, KIND, PLURAL, VERSION, Module
 from kmodkit.core.engine.build_plan import (
     BUILD_COMPONENT,
     IMAGE_ANNOTATION,
@@ -51,12 +51,12 @@ from kmodkit.core.engine.registry import (
     registry_host,
 )
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.watch_cache import Shared
 
-GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
-MODULE_REF = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Module"}
+MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
 
 
 @dataclass(frozen=True)
@@ -85,17 +85,6 @@ class EngineSettings:
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
             recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),
         )
-
-
-def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
-    return {
-        **MODULE_REF,
-        "name": meta.get("name"),
-        "uid": meta.get("uid"),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 class Engine:
@@ -217,7 +206,7 @@ class Engine:
             }
             final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
 
-        owner = _owner(body)
+        owner = controller_reference({**body, **MODULE_REF})
         for job in builds.create:
             job["metadata"]["ownerReferences"] = [owner]
             self.kube.create(job)
@@ -301,12 +290,7 @@ class Engine:
             )
 
     def _write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
-        if _same_status(body.get("status") or {}, status):
-            return  # idle after convergence means zero writes
-        meta = body.get("metadata") or {}
-        self.kube.patch_status(
-            GROUP, VERSION, PLURAL, meta.get("namespace"), meta.get("name", ""), status
-        )
+        self.kube.write_status(GROUP, VERSION, PLURAL, body, status)
 
     # -- deletion -------------------------------------------------------------
 
@@ -338,7 +322,3 @@ class Engine:
             raise kopf.TemporaryError(
                 f"waiting for {len(pods)} loader pods to unload{detail}", delay=3
             )
-
-
-def _same_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    return {k: v for k, v in old.items() if k in new} == dict(new)

@@ -19,7 +19,9 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
-from kmodkit.core.contract.backend import ClusterView, Obj, Plan, Resource
+from kmodkit.core.contract.backend import ClusterView, Plan, Resource
+from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
@@ -204,14 +206,7 @@ class ResourceController:
         """
         failed = 0
         meta = owner.get("metadata") or {}
-        ref = {
-            "apiVersion": owner.get("apiVersion"),
-            "kind": owner.get("kind"),
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        ref = controller_reference(owner)
         for obj in plan.objects:
             body = dict(obj)
             obj_meta = dict(body.get("metadata") or {})
@@ -310,16 +305,5 @@ class ResourceController:
         return status
 
     def _write_status(self, body: Obj, status: Mapping[str, Any]) -> None:
-        old = body.get("status") or {}
-        if {k: v for k, v in old.items() if k in status} == dict(status):
-            return
         crd = self.resource.crd
-        meta = body.get("metadata") or {}
-        self.shared.kube.patch_status(
-            crd.group,
-            crd.version,
-            crd.plural,
-            meta.get("namespace") if crd.namespaced else None,
-            str(meta.get("name")),
-            status,
-        )
+        self.shared.kube.write_status(crd.group, crd.version, crd.plural, body, status)

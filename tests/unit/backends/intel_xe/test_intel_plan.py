@@ -9,7 +9,8 @@ from kmodkit.backends.intel_xe.plan import DRA_DISABLED, NFD_MISSING, plan
 from kmodkit.backends.intel_xe.settings import DRA_GROUP
 from kmodkit.backends.intel_xe.status import MAX_ERRORS, bounded
 from kmodkit.core.api import API_VERSION, KMM_API_VERSION
-from kmodkit.core.contract.backend import ClusterView, Obj
+from kmodkit.core.contract.backend import ClusterView
+from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.engine.module_rules import validate_module
 
 NS = "kmodkit-system"

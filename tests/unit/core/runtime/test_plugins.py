@@ -15,10 +15,10 @@ from kmodkit.core.contract.backend import (
     CONTRACT_VERSION,
     Backend,
     ClusterView,
-    Obj,
     Plan,
     Resource,
 )
+from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.runtime import plugins
 from kmodkit.core.runtime.plugins import discover
 from kmodkit.core.schema.crd import MODULE_CRD, CrdSource
