@@ -148,3 +148,32 @@ def test_our_images_are_lean_and_least_privileged(name: str) -> None:
     else:
         # Loading modules needs root; the agent image carries the kmod tools.
         assert re.search(r"\bkmod\b", text), "the agent image lacks the kmod tools"
+
+
+# What each image built from this repository may take from it: the operator the
+# product, the agent (and the Tenstorrent builder, which runs it) the agent's own
+# distribution alone. Never the dev harness, its Go modules or the tests.
+IMAGE_SOURCES = {
+    "operator": {"pyproject.toml", "README.md", "kmodkit"},
+    "agent": {"agent/pyproject.toml", "kmodkit/agent"},
+    "tenstorrent/builder": {
+        "agent/pyproject.toml",
+        "kmodkit/agent",
+        "dockerfiles/tenstorrent/builder/tt-builder",
+        "dockerfiles/tenstorrent/builder/build-tt-kmd",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_SOURCES))
+def test_images_take_only_their_own_sources(name: str) -> None:
+    path = ROOT / "dockerfiles" / name / "Dockerfile"
+    copied = set()
+    for ins in parse(path):
+        if ins.keyword not in ("COPY", "ADD"):
+            continue
+        words = [w for w in ins.args.split() if not w.startswith("--")]
+        if any(w.startswith("--from") for w in ins.args.split()):
+            continue  # from another stage, not from the repository
+        copied |= set(words[:-1])
+    assert copied == IMAGE_SOURCES[name], f"{path.relative_to(ROOT)} copies {sorted(copied)}"
