@@ -35,7 +35,7 @@ lint: setup
 	$(BIN)/mypy
 
 unit: setup
-	$(BIN)/pytest tests/unit tests/node -q
+	$(BIN)/pytest tests/unit tests/node tests/packaging -q
 
 test: devcluster-bin lint
 	$(BIN)/pytest -ra
