@@ -18,18 +18,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from kmodkit_dev import build, cluster, manifests
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev.operator import running_operator
+from kmodkit_dev.repo import ROOT
 from kmodkit_dev.waiting import wait_until
 
 NAME = "demo"
 NS = "kmodkit-system"  # the operator's namespace
 KERNEL_PUSHED, KERNEL_BUILT = "6.8.0-45-generic", "7.0.0-14-generic"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def step(msg: str) -> None:

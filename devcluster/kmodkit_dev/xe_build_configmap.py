@@ -7,12 +7,12 @@ when the two drift.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from kmodkit_dev.repo import ROOT
+
 DOCKERFILE = ROOT / "dockerfiles" / "intel-xe" / "Dockerfile"
 SAMPLE = ROOT / "docs" / "samples" / "xe-build-configmap.yaml"
 NAME = "xe-build-u26.04"

@@ -60,7 +60,7 @@ MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class ModuleControllerSettings:
     loader: LoaderSettings
     build: BuildSettings
     registry_ca_bundle: str | None = None
@@ -70,7 +70,7 @@ class EngineSettings:
     """How often a missing or unreachable image is asked for again (a push may land)."""
 
     @classmethod
-    def from_env(cls) -> EngineSettings:
+    def from_env(cls) -> ModuleControllerSettings:
         env = os.environ
         return cls(
             loader=LoaderSettings(
@@ -87,10 +87,10 @@ class EngineSettings:
         )
 
 
-class Engine:
+class ModuleController:
     """Reconcile loops for Modules; the caches it reads are in Shared."""
 
-    def __init__(self, shared: Shared, settings: EngineSettings) -> None:
+    def __init__(self, shared: Shared, settings: ModuleControllerSettings) -> None:
         self.shared = shared
         self.kube = shared.kube
         self.settings = settings

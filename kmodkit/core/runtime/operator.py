@@ -19,7 +19,7 @@ import kopf
 from kmodkit.core import labels
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.kube import Kube
-from kmodkit.core.runtime.module_controller import Engine, EngineSettings
+from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.plugins import Discovered, discover
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import Shared
@@ -51,7 +51,7 @@ def build_registry(
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     shared.register(registry)
-    Engine(shared, EngineSettings.from_env()).register(registry)
+    ModuleController(shared, ModuleControllerSettings.from_env()).register(registry)
     for d in found:
         if d.active and d.backend is not None:
             for resource in d.backend.resources:
