@@ -35,10 +35,10 @@ from kmodkit.core.rollout.states import State
 from kmodkit.core.rollout.status import summarize
 from kmodkit.core.schema.crd import MODULE_CRD, crd_manifest
 from tests.plugins.install import PLUGINS
-from tests.unit import test_intel_plan as intel
-from tests.unit import test_loader_plan as loader
-from tests.unit import test_plugins_example as acme
-from tests.unit import test_tt_plans as tt
+from tests.unit.backends import test_plugins_example as acme
+from tests.unit.backends.intel_xe import test_intel_plan as intel
+from tests.unit.backends.tenstorrent import test_tt_plans as tt
+from tests.unit.core.engine import test_loader_plan as loader
 
 Statuses = dict[str, Mapping[str, Any]]
 """Statuses one plan writes, by the case that produced them."""
