@@ -25,6 +25,7 @@ from kmodkit.core.api import Module
 from kmodkit.core.engine.kernel_mapping import NoMatch, ResolvedMapping, ResolveError, resolve
 from kmodkit.core.engine.loader_pod import (
     CONFIG_HASH,
+    AgentConfigError,
     LoaderPod,
     LoaderSettings,
     for_node,
@@ -147,7 +148,7 @@ def plan(
     updates: list[tuple[NodeView, LoaderPod, ResolvedMapping]] = []
     # Resolving and templating depend on the kernel only: once per kernel per pass.
     resolutions: dict[str, ResolvedMapping | NoMatch | ResolveError] = {}
-    templates: dict[str, dict[str, Any]] = {}
+    templates: dict[str, dict[str, Any] | AgentConfigError] = {}
     unavailable = 0
     for node in sorted(nodes, key=lambda n: n.name):
         pod = by_node.pop(node.name, None)
@@ -194,11 +195,27 @@ def plan(
             out.outcomes.append(outcome)
             continue
 
+        if resolved.kernel not in templates:
+            try:
+                templates[resolved.kernel] = pod_template(module, resolved, settings)
+            except AgentConfigError as err:
+                templates[resolved.kernel] = err
+        template = templates[resolved.kernel]
+        if isinstance(template, AgentConfigError):
+            # As for an invalid mapping: leave what runs there alone, and
+            # neither check nor build an image no loader pod would use.
+            out.outcomes.append(
+                NodeOutcome(
+                    node.name,
+                    Phase.FAILED,
+                    "InvalidAgentConfig",
+                    str(template),
+                    resolved.mapping_index,
+                )
+            )
+            continue
         out.needed_images.setdefault(resolved.container_image, resolved)
         out.nodes_by_image.setdefault(resolved.container_image, []).append(node)
-        if resolved.kernel not in templates:
-            templates[resolved.kernel] = pod_template(module, resolved, settings)
-        template = templates[resolved.kernel]
         desired_hash = template["metadata"]["annotations"][CONFIG_HASH]
         image = images.get(resolved.container_image, ImageStatus(ImageState.UNKNOWN))
 

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
+from kmodkit.agent.config import AgentConfig, ModprobeArgs, ModprobeConfig
 from kmodkit.core import labels
-from kmodkit.core.api import Module
-from kmodkit.core.engine.kernel_mapping import ResolvedMapping
+from kmodkit.core.api import ModprobeSpec, Module
+from kmodkit.core.engine.kernel_mapping import CONTAINER_PATH, ResolvedMapping
 from kmodkit.core.kernel import dns_safe
 from kmodkit.core.nodes import NodeView
 
@@ -120,33 +123,77 @@ def pod_name(module: str, node: str) -> str:
     return f"{name[:242]}-{digest}"
 
 
+class AgentConfigError(ValueError):
+    """The Module asks for a configuration the node agent would refuse.
+
+    Admission (the CRD's rules) rejects such a Module; one that reaches the
+    engine anyway gets a node failure instead of a loader pod whose agent can
+    only exit.
+    """
+
+
 def agent_config(
     module: Module, resolved: ResolvedMapping, settings: LoaderSettings
-) -> dict[str, Any]:
+) -> AgentConfig:
     """The node agent's configuration for this Module on one kernel."""
-    modprobe = module.spec.module_loader.container.modprobe
-    mp: dict[str, Any] = {
-        "moduleName": modprobe.module_name,
-        "dirName": f"{STAGING}{modprobe.dir_name}",
-    }
-    if modprobe.modules_loading_order:
-        mp["modulesLoadingOrder"] = list(modprobe.modules_loading_order)
-    if modprobe.parameters:
-        mp["parameters"] = list(modprobe.parameters)
-    if modprobe.args is not None:
-        mp["args"] = {"load": list(modprobe.args.load), "unload": list(modprobe.args.unload)}
-    if modprobe.firmware_path:
-        mp["firmwarePath"] = FIRMWARE_STAGING
-    return {
-        "modprobe": mp,
-        "inTreeModulesToRemove": list(resolved.in_tree_modules_to_remove),
-        "firmwareHostPath": settings.firmware_host_path,
+    return AgentConfig(
+        modprobe=_modprobe(module.spec.module_loader.container.modprobe),
+        in_tree_modules_to_remove=list(resolved.in_tree_modules_to_remove),
+        firmware_host_path=settings.firmware_host_path,
         # No ``version``: a KMM version is an admin's label value, not the
         # module's MODULE_VERSION. Generic Modules never defer to DKMS; a
         # backend whose driver has a DKMS package configures that itself.
-        "dkmsModules": [],
-        "unloadOnTerminate": True,
-    }
+        dkms_modules=[],
+        unload_on_terminate=True,
+    )
+
+
+def _modprobe(spec: ModprobeSpec) -> ModprobeConfig:
+    """The Module's modprobe settings as the agent takes them, with paths inside the
+    staging directory the init container fills."""
+    try:
+        return ModprobeConfig(
+            module_name=spec.module_name,
+            dir_name=f"{STAGING}{spec.dir_name}",
+            parameters=list(spec.parameters or []),
+            args=_args(spec),
+            firmware_path=FIRMWARE_STAGING if spec.firmware_path else None,
+            modules_loading_order=(
+                list(spec.modules_loading_order) if spec.modules_loading_order else None
+            ),
+        )
+    except ValidationError as err:
+        # The rest of the configuration is the operator's own: only what the
+        # Module gives here can be wrong, so name the Module's fields.
+        path = f"{CONTAINER_PATH}.modprobe"
+        raise AgentConfigError(
+            "; ".join(
+                f"{'.'.join([path, *(to_camel(str(p)) for p in e['loc'])])}: {e['msg']}"
+                for e in err.errors()
+            )
+        ) from err
+
+
+def _args(spec: ModprobeSpec) -> ModprobeArgs:
+    if spec.args is None:
+        return ModprobeArgs()
+    return ModprobeArgs(load=list(spec.args.load), unload=list(spec.args.unload))
+
+
+def config_document(config: AgentConfig) -> dict[str, Any]:
+    """The configuration as loader pods carry it, and as their config hash covers it.
+
+    The keys are those loader pods have always had, so an operator upgrade
+    keeps every pod's hash: every top-level setting the operator decides, even
+    one equal to the agent's default, and of ``modprobe`` only what differs
+    from the agent's defaults, which is what the Module gives. A field the
+    agent gains later stays out until the operator sets it.
+    """
+    document = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    document["modprobe"] = config.modprobe.model_dump(
+        mode="json", by_alias=True, exclude_defaults=True
+    )
+    return document
 
 
 def loader_pod(
@@ -166,11 +213,14 @@ def pod_template(
     module: Module, resolved: ResolvedMapping, settings: LoaderSettings
 ) -> dict[str, Any]:
     """Everything of a loader pod but its node: the same for all nodes of one kernel,
-    so a pass over a large fleet builds (and hashes) it once per kernel."""
+    so a pass over a large fleet builds (and hashes) it once per kernel.
+
+    Raises AgentConfigError for a Module the node agent would refuse.
+    """
     ns, name = module.metadata.namespace or "", module.metadata.name or ""
     container = module.spec.module_loader.container
     modprobe = container.modprobe
-    config = agent_config(module, resolved, settings)
+    config = config_document(agent_config(module, resolved, settings))
     kernel_dir = f"{modprobe.dir_name}/lib/modules/{resolved.kernel}"
     copy = [
         f"mkdir -p {STAGING}{modprobe.dir_name}/lib/modules",
