@@ -18,7 +18,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kmodkit.core.rollout import Pending, UpgradePolicy, Validated, Validation, reconcile
+from kmodkit.core.contract.hooks import Pending, Validated, Validation
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.reconcile import reconcile
 
 VERSION = "e2e.kmodkit.io/driver-version"
 SWAPS = "e2e.kmodkit.io/swaps"

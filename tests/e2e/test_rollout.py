@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from kmodkit.core.rollout import RolloutKeys
+from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.waiting import wait_until

@@ -1,30 +1,6 @@
 """Node-by-node rollout of a disruptive change: cordon, gates, drain, swap, validate.
 
-A backend calls ``reconcile`` once per policy per tick with its ``UpgradePolicy``,
-the nodes the policy covers and its ``RolloutHooks``; see docs/rollout.md.
+The runtime runs a pass (``reconcile.reconcile``) for every ``RolloutRequest`` a
+backend's plan returns, with the backend's ``RolloutHooks``; see docs/rollout.md.
+Backends reach the rollout's types through ``kmodkit.sdk``.
 """
-
-from kmodkit.core.contract.hooks import Failed, Pending, RolloutHooks, Validated, Validation
-from kmodkit.core.contract.policy import DeviceEviction, Drain, UpgradePolicy, WaitForCompletion
-from kmodkit.core.rollout.keys import RolloutKeys
-from kmodkit.core.rollout.reconcile import reconcile
-from kmodkit.core.rollout.states import State
-from kmodkit.core.rollout.status import NodeRolloutStatus, RolloutStatus, RolloutSummary
-
-__all__ = [
-    "DeviceEviction",
-    "Drain",
-    "Failed",
-    "NodeRolloutStatus",
-    "Pending",
-    "RolloutHooks",
-    "RolloutKeys",
-    "RolloutStatus",
-    "RolloutSummary",
-    "State",
-    "UpgradePolicy",
-    "Validated",
-    "Validation",
-    "WaitForCompletion",
-    "reconcile",
-]
