@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 from kmodkit.core.api import Module
 from kmodkit.core.engine.kernel_mapping import resolve
 from kmodkit.core.engine.loader_plan import (
+    Context,
     ImageState,
     ImageStatus,
     LoaderPlan,
+    NodeStep,
     Phase,
+    Update,
+    decide,
     gated_on,
     max_unavailable,
     plan,
@@ -299,3 +303,51 @@ def test_a_plan_never_disrupts_more_ready_nodes_than_the_budget(
     # Applying the same plan again to the same observation yields the same plan.
     again = plan(new, nodes, pods, all_exist(new, nodes), SETTINGS)
     assert (again.create, again.delete, again.node_labels) == (p.create, p.delete, p.node_labels)
+
+
+def test_only_a_working_pod_with_an_outdated_config_waits_for_the_budget() -> None:
+    old, new = module(), module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    n = node("a", **{READY: ""})
+    ctx = Context.of(new, all_exist(new, [n]), SETTINGS)
+    assert isinstance(decide(n, running(old, n), ctx), Update)
+    broken = decide(n, running(old, n, ready=False), ctx)
+    assert isinstance(broken, NodeStep)
+    assert broken.delete == running(old, n).name and broken.labels == {READY: None}
+    assert broken.outcome is not None and broken.outcome.reason == "Replacing"
+
+
+def test_a_node_held_back_by_its_version_label_keeps_only_a_pod_on_its_kernel() -> None:
+    v1, v2 = module(version="v1"), module(version="v2")
+    here = node("a", **{WANT: "v1", READY: "", VREADY: "v1"})
+    ctx = Context.of(v2, all_exist(v2, [here]), SETTINGS)
+    kept = decide(here, running(v1, here), ctx)
+    assert isinstance(kept, NodeStep)
+    assert (kept.delete, kept.labels) == (None, {})
+    assert kept.outcome is not None and kept.outcome.reason == "AwaitingVersionLabel"
+    rebooted = node("a", K2, **{WANT: "v1", READY: "", VREADY: "v1"})
+    gone = decide(rebooted, running(v1, here), ctx)
+    assert isinstance(gone, NodeStep)
+    assert gone.delete == running(v1, here).name
+    assert gone.labels == {READY: None, VREADY: None}
+
+
+def test_an_invalid_mapping_leaves_the_node_and_its_pod_alone() -> None:
+    bad = module(kernelMappings=[{"literal": K1, "containerImage": "r.io/xe:${NOPE}"}])
+    n = node("a", **{READY: ""})
+    step = decide(n, running(module(), n), Context.of(bad, {}, SETTINGS))
+    assert isinstance(step, NodeStep)
+    assert (step.delete, step.create, step.labels, step.image) == (None, None, {}, None)
+    assert step.outcome is not None and step.outcome.reason == "InvalidMapping"
+
+
+def test_an_update_under_way_goes_on_before_a_new_one_takes_the_budget() -> None:
+    old = module()
+    new = module(
+        modprobe={"moduleName": "xe", "parameters": ["debug=1"]}, rollout={"maxUnavailable": 1}
+    )
+    fresh, under_way = node("a", **{READY: ""}), node("z")  # z lost its label last pass
+    pods = [running(old, fresh), running(old, under_way)]
+    p = plan(new, [fresh, under_way], pods, all_exist(new, [fresh, under_way]), SETTINGS)
+    assert outcome(p, "a").reason == "UpdatePending"
+    assert outcome(p, "z").reason == "WaitingForConsumers"
+    assert p.awaiting_consumers == ["z"] and "a" not in p.node_labels
