@@ -1,0 +1,1 @@
+"""The built-in backends, written against ``kmodkit.sdk`` alone, as a third party would."""

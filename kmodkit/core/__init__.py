@@ -1,0 +1,1 @@
+"""The vendor-neutral operator: it knows no backend, the SDK or the dev harness."""

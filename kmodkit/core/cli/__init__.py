@@ -1,0 +1,1 @@
+"""The ``kmodkit`` command and the ``kubectl kmodkit`` plugin."""

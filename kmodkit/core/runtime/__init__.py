@@ -1,0 +1,1 @@
+"""kopf wiring: the operator, its two controllers, watch caches, kube client, plugins."""

@@ -1,0 +1,1 @@
+"""CRDs generated from the models, and the same checks offline."""
