@@ -236,7 +236,9 @@ def plan(
     updates = [d for d in decisions if isinstance(d, Update)]
     for step in settled:
         _apply(out, step)
-    out.delete += [pod.name for pod in by_node.values()]  # on nodes that no longer exist
+    # A pod whose node the caller does not know stays: a node cache still
+    # filling (start-up, failover, a restarted watch) must never unload a
+    # driver, and the pod GC removes pods of nodes that really are gone.
     budget = max_unavailable(
         module.spec.rollout_policy().max_unavailable, out.targeted + len(updates)
     )

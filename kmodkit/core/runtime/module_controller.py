@@ -298,16 +298,22 @@ class ModuleController:
         """Unload everywhere and remove the labels; kopf keeps the finalizer until done.
 
         The readiness labels go first so gated pods (device plugins) leave each
-        node; a loader pod is deleted (and its module unloaded) only then.
+        node; a loader pod is deleted (and its module unloaded) only then. A pod
+        on a node the cache does not hold (yet) stays: that node's labels were
+        not taken away, and the pod GC removes pods of nodes that are gone.
         """
         ready_key = labels.READY.key(ns, name)
         keys = (ready_key, labels.VERSION_READY.key(ns, name))
-        for node in self.nodes.values():
+        nodes = dict(self.nodes)  # the watch updates the cache from another thread
+        for node in nodes.values():
             change = {k: None for k in keys if k in node.labels}
             if change:
                 self.kube.label_node(node.name, change)
         waiting = []
         for pod in pods:
+            if pod.node not in nodes:
+                waiting.append(f"{pod.node} (node not seen yet)")
+                continue
             holders = [
                 p["metadata"]["name"]
                 for p in self.kube.pods_on_node(pod.node)
@@ -318,7 +324,7 @@ class ModuleController:
             elif not pod.deleting:
                 self.kube.delete_pod(ns, pod.name)
         if pods:
-            detail = f"; gated pods still on {', '.join(waiting[:5])}" if waiting else ""
+            detail = f"; still held on {', '.join(waiting[:5])}" if waiting else ""
             raise kopf.TemporaryError(
                 f"waiting for {len(pods)} loader pods to unload{detail}", delay=3
             )

@@ -109,6 +109,18 @@ def test_first_load_creates_one_pod_per_selected_node_with_the_resolved_image() 
     assert not p.node_labels  # nothing is ready yet, nothing to label
 
 
+def test_a_pod_on_a_node_the_plan_does_not_see_is_left_alone() -> None:
+    # An operator start or failover plans on a node cache that is still filling:
+    # nodes missing from it must not lose their driver.
+    m = module()
+    seen, unseen = node("a"), node("b")
+    pods = [running(m, seen), running(m, unseen)]
+    p = plan(m, [seen], pods, all_exist(m, [seen, unseen]), SETTINGS)
+    assert p.delete == [] and p.create == []
+    assert "b" not in p.node_labels
+    assert [o.node for o in p.outcomes] == ["a"]
+
+
 def test_ready_label_follows_the_loader_pod_readiness() -> None:
     m = module()
     a, b = node("a"), node("b", **{READY: ""})
