@@ -532,3 +532,48 @@ def test_deleting_the_namespace_of_a_module_never_deadlocks(
     wait_until(ns_gone, "the namespace to be deleted", timeout=120)
     for n in a_nodes:
         assert ready not in _labels(kube_api, n)
+
+
+def test_a_retired_node_keeps_its_module_until_gated_pods_leave(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    """A node that stops being targeted (here: a taint the Module does not tolerate)
+    loses the readiness label first; its module stays while a pod gated on that label
+    still runs there, and unloads once the pod is gone."""
+    tag, names = fleet
+    node = _a_nodes(names)[0]
+    ready = _apply_simple(
+        kube_api, namespace, oci_registry, tag, "ret", f"{oci_registry.host}/kmods/ret:1"
+    )
+    core = client.CoreV1Api(kube_api)
+    wait_until(lambda: _all_labelled(kube_api, [node], ready), "initial load")
+    loader = _pods(kube_api, namespace)[node].metadata.name
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "holder"},
+            "spec": {
+                "nodeName": node,
+                "nodeSelector": {ready: ""},
+                "containers": [{"name": "dp", "image": "registry.invalid/dp:1"}],
+            },
+        },
+    )
+    taint = {"key": "kmodkit-test/retire", "value": tag, "effect": "NoSchedule"}
+    core.patch_node(node, {"spec": {"taints": [taint]}})
+    try:
+        wait_until(lambda: ready not in _labels(kube_api, node), "the label to go")
+        # Passes run on every node and pod change; give several the chance to unload.
+        still = threading.Event()
+        still.wait(5)
+        pod = core.read_namespaced_pod(loader, namespace)
+        assert pod.metadata.deletion_timestamp is None, "unloaded under a gated pod"
+        core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)
+        wait_until(lambda: node not in _pods(kube_api, namespace), "the unload", timeout=60)
+    finally:
+        core.patch_node(node, {"spec": {"taints": None}})
+    _delete_and_wait_unload(kube_api, namespace, "ret")

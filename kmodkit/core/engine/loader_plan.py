@@ -130,6 +130,8 @@ class Context:
     wanted_version_key: str
     version: str
     tolerations: list[dict[str, Any]]
+    consumers: Mapping[str, Sequence[str]] | None = None
+    """Per node about to unload, the pods still gated on its labels; None: not listed yet."""
     # Resolving and templating depend on the kernel only: once per kernel per pass.
     _resolutions: dict[str, ResolvedMapping | NoMatch | ResolveError] = field(
         default_factory=dict, init=False, repr=False
@@ -140,7 +142,11 @@ class Context:
 
     @classmethod
     def of(
-        cls, module: Module, images: Mapping[str, ImageStatus], settings: LoaderSettings
+        cls,
+        module: Module,
+        images: Mapping[str, ImageStatus],
+        settings: LoaderSettings,
+        consumers: Mapping[str, Sequence[str]] | None = None,
     ) -> Context:
         ns, name = module.metadata.namespace or "", module.metadata.name or ""
         return cls(
@@ -155,6 +161,7 @@ class Context:
                 t.model_dump(by_alias=True, exclude_none=True)
                 for t in module.spec.tolerations or []
             ],
+            consumers=consumers,
         )
 
     def resolution(self, kernel: str) -> ResolvedMapping | NoMatch | ResolveError:
@@ -213,11 +220,11 @@ def plan(
 ) -> LoaderPlan:
     """What to create, delete and label so each node runs what the Module asks.
 
-    ``consumers`` names, per node about to unload, the pods still gated on the
-    readiness label; a node missing from it is listed in ``awaiting_consumers``
+    ``consumers`` names, per node about to unload, the pods still gated on its
+    readiness labels; a node missing from it is listed in ``awaiting_consumers``
     and not unloaded, so the caller lists pods only for those nodes and plans again.
     """
-    ctx = Context.of(module, images, settings)
+    ctx = Context.of(module, images, settings, consumers)
     by_node = {p.node: p for p in pods}
     out = LoaderPlan()
     if module.spec.module_loader.container.modprobe.raw_args is not None:
@@ -243,7 +250,7 @@ def plan(
         module.spec.rollout_policy().max_unavailable, out.targeted + len(updates)
     )
     unavailable = sum(1 for s in settled if s.unavailable)
-    for step in _within_budget(updates, unavailable, budget, consumers or {}, ctx):
+    for step in _within_budget(updates, unavailable, budget, ctx):
         _apply(out, step)
     out.outcomes.sort(key=lambda o: o.node)
     return out
@@ -273,7 +280,6 @@ def _within_budget(
     updates: Sequence[Update],
     unavailable: int,
     budget: int,
-    consumers: Mapping[str, Sequence[str]],
     ctx: Context,
 ) -> list[NodeStep]:
     """Which updates go now, given ``unavailable`` nodes already count against ``budget``."""
@@ -283,7 +289,7 @@ def _within_budget(
         under_way = ctx.ready_key not in update.node.labels
         if under_way or unavailable < budget:
             unavailable += 1
-            steps.append(_unload(update, under_way, consumers.get(update.node.name), ctx))
+            steps.append(_unload(update, under_way, _holders(update.node, ctx), ctx))
         else:
             steps.append(_update_pending(update, budget, ctx))
     return steps
@@ -542,13 +548,19 @@ def _image_outcome(node: NodeView, resolved: ResolvedMapping, image: ImageStatus
 def _retire(
     node: NodeView, pod: LoaderPod | None, ctx: Context, outcome: NodeOutcome | None = None
 ) -> NodeStep:
-    """The node should run no loader pod of this Module."""
-    return NodeStep(
-        node.name,
-        outcome,
-        _unlabelled(node, ctx),
-        delete=pod.name if pod is not None and not pod.deleting else None,
-    )
+    """The node should run no loader pod of this Module: as for an update, the labels go
+    first, and the pod (the module) only once no pod gated on them is left there."""
+    unlabel = _unlabelled(node, ctx)
+    if pod is None or pod.deleting:
+        return NodeStep(node.name, outcome, unlabel)
+    holders = _holders(node, ctx)
+    if not unlabel and holders is not None and not holders:
+        return NodeStep(node.name, outcome, delete=pod.name)
+    return NodeStep(node.name, outcome, unlabel, awaiting_consumers=not unlabel and holders is None)
+
+
+def _holders(node: NodeView, ctx: Context) -> Sequence[str] | None:
+    return None if ctx.consumers is None else ctx.consumers.get(node.name)
 
 
 def _labels_from_pod(node: NodeView, pod: LoaderPod, ctx: Context) -> dict[str, str | None]:

@@ -195,12 +195,12 @@ class ModuleController:
         )
         final = plan(module, nodes, pods, builds.states, self.settings.loader)
         if final.awaiting_consumers:
-            ready_key = labels.READY.key(ns, name)
+            keys = (labels.READY.key(ns, name), labels.VERSION_READY.key(ns, name))
             consumers = {
                 node: [
                     f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                     for p in self.kube.pods_on_node(node)
-                    if gated_on(p, ready_key)
+                    if any(gated_on(p, key) for key in keys)
                 ]
                 for node in final.awaiting_consumers
             }
@@ -317,7 +317,7 @@ class ModuleController:
             holders = [
                 p["metadata"]["name"]
                 for p in self.kube.pods_on_node(pod.node)
-                if gated_on(p, ready_key)
+                if any(gated_on(p, key) for key in keys)
             ]
             if holders:
                 waiting.append(f"{pod.node} ({', '.join(holders)})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -136,7 +137,13 @@ def test_no_mapping_is_reported_by_node_and_unloads_what_ran_there() -> None:
     o = outcome(p, "rhel")
     assert (o.phase, o.reason) == (Phase.FAILED, "NoMapping")
     assert "5.14.0-427.el9.x86_64" in o.message
-    assert p.delete == ["old"] and p.node_labels == {"rhel": {READY: None}}
+    # The label goes first; the module once nothing gated on it is left.
+    assert p.delete == [] and p.node_labels == {"rhel": {READY: None}}
+    unlabelled = node("rhel", "5.14.0-427.el9.x86_64")
+    pod = LoaderPod("old", "rhel", "h", unlabelled.kernel, "", True)
+    assert plan(m, [unlabelled], [pod], {}, SETTINGS).awaiting_consumers == ["rhel"]
+    p = plan(m, [unlabelled], [pod], {}, SETTINGS, {"rhel": []})
+    assert p.delete == ["old"]
 
 
 def test_missing_image_without_build_is_a_failure_that_keeps_the_old_module() -> None:
@@ -227,8 +234,11 @@ def test_cordon_does_not_unload_but_a_foreign_taint_does() -> None:
     )
     pods = [running(m, cordoned), running(m, tainted)]
     p = plan(m, [cordoned, tainted], pods, all_exist(m, [cordoned, tainted]), SETTINGS)
-    assert p.delete == [pods[1].name]
+    assert p.delete == [] and p.node_labels == {"b": {READY: None}}
     assert outcome(p, "a").phase is Phase.LOADED
+    tainted = replace(tainted, labels={"gpu": "intel"})
+    p = plan(m, [cordoned, tainted], pods, all_exist(m, [cordoned, tainted]), SETTINGS, {"b": []})
+    assert p.delete == [pods[1].name]
 
 
 def test_rebooted_into_another_kernel_replaces_the_pod_without_budget() -> None:
@@ -339,8 +349,30 @@ def test_a_node_held_back_by_its_version_label_keeps_only_a_pod_on_its_kernel() 
     rebooted = node("a", K2, **{WANT: "v1", READY: "", VREADY: "v1"})
     gone = decide(rebooted, running(v1, here), ctx)
     assert isinstance(gone, NodeStep)
-    assert gone.delete == running(v1, here).name
-    assert gone.labels == {READY: None, VREADY: None}
+    assert (gone.delete, gone.labels) == (None, {READY: None, VREADY: None})
+    unlabelled = node("a", K2, **{WANT: "v1"})
+    ctx = Context.of(v2, all_exist(v2, [here]), SETTINGS, {"a": []})
+    gone = decide(unlabelled, running(v1, here), ctx)
+    assert isinstance(gone, NodeStep) and gone.delete == running(v1, here).name
+
+
+def test_a_retired_node_keeps_its_module_while_pods_gated_on_its_labels_remain() -> None:
+    # The selector no longer matches: like an update, the labels go first and the
+    # module stays until the device plugin (gated on either label) has left.
+    m = module()
+    labelled = node("a", **{READY: "", VREADY: ""})
+    pod = running(m, labelled)
+    out = replace(labelled, labels={"gpu": "amd", READY: "", VREADY: ""})
+    p = plan(m, [out], [pod], {}, SETTINGS)
+    assert p.delete == [] and p.node_labels == {"a": {READY: None, VREADY: None}}
+    assert p.awaiting_consumers == []
+    gone_labels = replace(labelled, labels={"gpu": "amd"})
+    p = plan(m, [gone_labels], [pod], {}, SETTINGS)
+    assert p.delete == [] and p.awaiting_consumers == ["a"]
+    p = plan(m, [gone_labels], [pod], {}, SETTINGS, {"a": ["kube-system/xe-device-plugin"]})
+    assert p.delete == [] and p.awaiting_consumers == []
+    p = plan(m, [gone_labels], [pod], {}, SETTINGS, {"a": []})
+    assert p.delete == [pod.name]
 
 
 def test_an_invalid_mapping_leaves_the_node_and_its_pod_alone() -> None:
