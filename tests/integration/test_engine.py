@@ -570,8 +570,9 @@ def test_a_retired_node_keeps_its_module_until_gated_pods_leave(
         # Passes run on every node and pod change; give several the chance to unload.
         still = threading.Event()
         still.wait(5)
-        pod = core.read_namespaced_pod(loader, namespace)
-        assert pod.metadata.deletion_timestamp is None, "unloaded under a gated pod"
+        pod = _pods(kube_api, namespace).get(node)
+        assert pod is not None and pod.metadata.name == loader, "unloaded under a gated pod"
+        assert pod.metadata.deletion_timestamp is None, "unloading under a gated pod"
         core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)
         wait_until(lambda: node not in _pods(kube_api, namespace), "the unload", timeout=60)
     finally:

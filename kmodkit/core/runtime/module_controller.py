@@ -57,6 +57,8 @@ from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.watch_cache import Shared
 
 MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
+CONSUMER_RECHECK_SECONDS = 5.0
+"""How soon a pass looks again at pods still gated on a node's labels before unloading it."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,7 @@ class ModuleController:
             time.time(),
         )
         final = plan(module, nodes, pods, builds.states, self.settings.loader)
+        held = False
         if final.awaiting_consumers:
             keys = (labels.READY.key(ns, name), labels.VERSION_READY.key(ns, name))
             consumers = {
@@ -205,6 +208,8 @@ class ModuleController:
                 for node in final.awaiting_consumers
             }
             final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
+            # No watch sees those pods leave: look again soon rather than at the resync.
+            held = any(consumers.values())
 
         owner = controller_reference({**body, **MODULE_REF})
         for job in builds.create:
@@ -234,7 +239,11 @@ class ModuleController:
         )
         requeues = [
             t
-            for t in (builds.requeue_after, self.settings.recheck_seconds if waiting else None)
+            for t in (
+                builds.requeue_after,
+                self.settings.recheck_seconds if waiting else None,
+                CONSUMER_RECHECK_SECONDS if held else None,
+            )
             if t
         ]
         return min(requeues, default=None)
