@@ -79,7 +79,8 @@ def test_bad_policies_are_refused_naming_the_problem(
     "selector", ["", "app=web", "app==web,tier!=db", "!batch", "k8s.io/x in (a, b)", "x notin ()"]
 )
 def test_valid_selectors_are_accepted(selector: str) -> None:
-    UpgradePolicy.model_validate({"drain": {"podSelector": selector}})
+    policy = UpgradePolicy.model_validate({"drain": {"podSelector": selector}})
+    assert policy.drain.pod_selector == selector
 
 
 def test_status_counts_every_node_but_details_a_bounded_number() -> None:
