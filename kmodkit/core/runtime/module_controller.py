@@ -198,14 +198,8 @@ class ModuleController:
         final = plan(module, nodes, pods, builds.states, self.settings.loader)
         held = False
         if final.awaiting_consumers:
-            keys = (labels.READY.key(ns, name), labels.VERSION_READY.key(ns, name))
             consumers = {
-                node: [
-                    f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-                    for p in self.kube.pods_on_node(node)
-                    if any(gated_on(p, key) for key in keys)
-                ]
-                for node in final.awaiting_consumers
+                node: self._gated_pods(node, ns, name) for node in final.awaiting_consumers
             }
             final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
             # No watch sees those pods leave: look again soon rather than at the resync.
@@ -298,6 +292,16 @@ class ModuleController:
                 "default",
             )
 
+    def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
+        """``namespace/name`` of the pods on ``node`` that run only while it carries one of
+        the Module's readiness labels: they hold the driver and must leave before it unloads."""
+        keys = (labels.READY.key(ns, name), labels.VERSION_READY.key(ns, name))
+        return [
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            for p in self.kube.pods_on_node(node)
+            if any(gated_on(p, key) for key in keys)
+        ]
+
     def _write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
         self.kube.write_status(GROUP, VERSION, PLURAL, body, status)
 
@@ -323,11 +327,7 @@ class ModuleController:
             if pod.node not in nodes:
                 waiting.append(f"{pod.node} (node not seen yet)")
                 continue
-            holders = [
-                p["metadata"]["name"]
-                for p in self.kube.pods_on_node(pod.node)
-                if any(gated_on(p, key) for key in keys)
-            ]
+            holders = self._gated_pods(pod.node, ns, name)
             if holders:
                 waiting.append(f"{pod.node} ({', '.join(holders)})")
             elif not pod.deleting:
