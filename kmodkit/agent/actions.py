@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -92,9 +92,15 @@ class NodeAgent:
     def load(self) -> None:
         self._require_container_mode()
         with self._lock():
+            # The image's modules are what this agent must have loaded: checked
+            # first, so a loaded build that is not theirs is never taken as ready.
+            image = None if self.config.build is not None else self._check_image()
+            expected = image.srcversions if image is not None else {}
             order = self.config.loading_order
             observed = self.view.observe(order)
-            decision = decide_load(order, observed, self.config.version, self.replaces_in_tree)
+            decision = decide_load(
+                order, observed, self.config.version, self.replaces_in_tree, expected
+            )
             self.log.info(
                 "load.decision",
                 action=str(decision.action),
@@ -110,7 +116,7 @@ class NodeAgent:
                     reasons=list(decision.reasons),
                 )
             if decision.action is not LoadAction.NOTHING:
-                self._load_modules(observed, decision.unload_first)
+                self._load_modules(observed, decision.unload_first, image, expected)
             self._install_host_files()
             self._log_ready()
 
@@ -123,7 +129,7 @@ class NodeAgent:
                 "order; modprobe.args.unload does not apply",
                 args=self.config.modprobe.args.unload,
             )
-        with self._lock():
+        with self._serving(shared=False), self._lock():
             self._unload_modules(self.config.unloading_order, force=force, purpose="unload")
             firmware_dir = self.config.modprobe.firmware_path
             if firmware_dir is not None and Path(firmware_dir).is_dir():
@@ -133,13 +139,28 @@ class NodeAgent:
                 self.log.info("firmware.removed", files=removed)
             self.log.info("unload.done", modules=list(self.config.unloading_order))
 
+    def serving(self) -> AbstractContextManager[None]:
+        """Held while a loader keeps the driver loaded (see kmodkit.agent.host_lock)."""
+        return self._serving(shared=True)
+
+    def reload_if_gone(self) -> bool:
+        """Load again when the driver vanished under a running loader (a manual rmmod, a
+        crash); a module that is there, whatever its state, is the status's to report."""
+        if self.view.observe((self.top,))[self.top].presence is not Presence.ABSENT:
+            return False
+        self.log.warning("module.disappeared", module=self.top)
+        self.load()
+        return True
+
     def status(self) -> list[str]:
         """Problems keeping the driver from being ready, read from the live kernel."""
         order = self.config.loading_order
         observed = self.view.observe(order)
         for name in order:
             self.log.info("module.observed", **_observation_log(observed[name]))
-        problems = readiness_problems(order, observed, self.config.version, self.replaces_in_tree)
+        problems = readiness_problems(
+            order, observed, self.config.version, self.replaces_in_tree, self._expected_builds()
+        )
         self.log.info(
             "status",
             ready=not problems,
@@ -152,9 +173,13 @@ class NodeAgent:
     # -- load steps -------------------------------------------------------
 
     def _load_modules(
-        self, observed: dict[str, ModuleObservation], unload_first: tuple[str, ...]
+        self,
+        observed: dict[str, ModuleObservation],
+        unload_first: tuple[str, ...],
+        image: ModuleSource | None,
+        expected: Mapping[str, str],
     ) -> None:
-        source = self._prepare_source()
+        source = image or self._build()
         previous = observed[self.top].version if unload_first else None
         if unload_first:
             self._unload_modules(unload_first, force=self.config.force_unload, purpose="replace")
@@ -162,16 +187,15 @@ class NodeAgent:
         self._place_firmware()
         try:
             self._insert(source)
-            self._verify()
+            self._verify(expected)
         except AgentError as failure:
             self._roll_back(previous, failure)
             raise
 
-    def _prepare_source(self) -> ModuleSource:
+    def _build(self) -> ModuleSource:
         """Make the new modules ready on disk; failing here leaves the kernel untouched."""
         build = self.config.build
-        if build is None:
-            return self._check_image()
+        assert build is not None  # images are checked before anything is decided
         version = self.config.version
         assert version is not None  # guaranteed by AgentConfig validation
         cache = ModuleCache(self.host, build.cache_dir)
@@ -205,13 +229,11 @@ class NodeAgent:
             # modprobe resolves dependencies from modules.dep; images often ship without it.
             result = self._kmod(self.kmod.depmod, base, self.kernel)
             self.log.info("image.depmod", argv=list(result.argv))
-        versions = {
-            name: self._kmod(
-                self.kmod.modinfo_field, name, "version", base_dir=base, kernel=self.kernel
-            )
-            for name in self.config.loading_order
-        }
-        self.log.info("image.checked", path=str(modules_dir), versions=versions)
+        versions = {name: self._modinfo(name, "version") for name in self.config.loading_order}
+        srcversions = self._image_srcversions()
+        self.log.info(
+            "image.checked", path=str(modules_dir), versions=versions, srcversions=srcversions
+        )
         expected = self.config.version
         if expected is not None and versions[self.top] != expected:
             raise AgentError(
@@ -220,7 +242,28 @@ class NodeAgent:
                 found=versions[self.top],
                 expected=expected,
             )
-        return ModuleSource(cache=None, version=expected)
+        return ModuleSource(cache=None, version=expected, srcversions=srcversions)
+
+    def _modinfo(self, name: str, field: str) -> str:
+        return self._kmod(
+            self.kmod.modinfo_field,
+            name,
+            field,
+            base_dir=self.config.modprobe.dir_name,
+            kernel=self.kernel,
+        )
+
+    def _image_srcversions(self) -> dict[str, str]:
+        """The srcversion of each module the image carries (none when it has none)."""
+        found = {name: self._modinfo(name, "srcversion") for name in self.config.loading_order}
+        return {name: value for name, value in found.items() if value}
+
+    def _expected_builds(self) -> dict[str, str]:
+        """What a status check compares the loaded modules with: the image's builds."""
+        if self.config.build is not None:
+            return {}
+        base = Path(self.config.modprobe.dir_name) / "lib" / "modules" / self.kernel
+        return self._image_srcversions() if (base / "modules.dep").is_file() else {}
 
     def _remove_in_tree_modules(self) -> None:
         names = self.config.in_tree_modules_to_remove
@@ -296,13 +339,13 @@ class NodeAgent:
                 )
             self.log.info("module.loaded", module=name, argv=list(result.argv))
 
-    def _verify(self) -> None:
+    def _verify(self, expected: Mapping[str, str]) -> None:
         order = self.config.loading_order
         deadline = time.monotonic() + _VERIFY_TIMEOUT_SECONDS
         while True:
             observed = self.view.observe(order)
             problems = readiness_problems(
-                order, observed, self.config.version, self.replaces_in_tree
+                order, observed, self.config.version, self.replaces_in_tree, expected
             )
             if not problems or time.monotonic() >= deadline:
                 break
@@ -443,6 +486,15 @@ class NodeAgent:
     def _lock(self) -> AbstractContextManager[None]:
         return host_lock(self.host, kernel_name(self.top), self.access.lock_timeout)
 
+    def _serving(self, *, shared: bool) -> AbstractContextManager[None]:
+        return host_lock(
+            self.host,
+            kernel_name(self.top),
+            self.access.lock_timeout,
+            suffix="serving",
+            shared=shared,
+        )
+
     @staticmethod
     def _kmod(call: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
@@ -457,6 +509,8 @@ class ModuleSource:
 
     cache: ModuleCache | None
     version: str | None
+    srcversions: Mapping[str, str] = field(default_factory=dict)
+    """What the kernel reports for each module once these are loaded (from modinfo)."""
 
 
 def _observation_log(seen: ModuleObservation) -> dict[str, object]:
@@ -466,6 +520,7 @@ def _observation_log(seen: ModuleObservation) -> dict[str, object]:
         "initstate": seen.initstate,
         "refcnt": seen.refcnt,
         "version": seen.version,
+        "srcversion": seen.srcversion,
         "used_by": list(seen.used_by),
     }
 

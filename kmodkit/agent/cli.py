@@ -8,6 +8,8 @@ simulated kernel.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -44,6 +46,12 @@ class _Invocation:
         return NodeAgent(self.config(**overrides), self.host, log, self.access)
 
 
+# Where the kubelet reads a container's last words (the pod's terminationMessagePath):
+# the operator reports a failed load or unload from there, naming the holders.
+TERMINATION_LOG = Path(os.environ.get("KMODKIT_TERMINATION_LOG", "/dev/termination-log"))
+_TERMINATION_LIMIT = 4096  # the kubelet keeps no more
+
+
 def _finish(command: str, body: Callable[[EventLog], ExitCode | None]) -> None:
     """Run one subcommand: log its failure as one line, always log the exit code."""
     log = EventLog(command)
@@ -51,14 +59,23 @@ def _finish(command: str, body: Callable[[EventLog], ExitCode | None]) -> None:
         code = body(log) or ExitCode.OK
     except AgentError as exc:
         log.error(exc.event, message=exc.message, **exc.fields)
+        _last_words(exc.message)
         code = exc.exit_code
     except Exception as exc:  # the last line of defence: still one JSON line, never a bare trace
         log.error(
             "crashed", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
         )
+        _last_words(f"{type(exc).__name__}: {exc}")
         code = ExitCode.FAILED
     log.info("exit", exit_code=int(code), result=code.name.lower())
     raise SystemExit(int(code))
+
+
+def _last_words(message: str) -> None:
+    # Only a file the kubelet mounted: outside a pod there is nobody to read it.
+    if TERMINATION_LOG.is_file():
+        with contextlib.suppress(OSError):
+            TERMINATION_LOG.write_text(message[:_TERMINATION_LIMIT])
 
 
 _force_option = click.option(

@@ -68,6 +68,8 @@ class ModuleObservation:
     # The kernel taints itself with "O" for each out-of-tree module it loads;
     # this tells our driver apart from an in-tree module of the same name.
     out_of_tree: bool = False
+    srcversion: str | None = None
+    """A checksum of the module's sources: tells two builds of one version apart."""
 
     @property
     def live(self) -> bool:
@@ -96,12 +98,14 @@ class KernelView:
             refcnt = _read(sysdir / "refcnt")
             initstate = _read(sysdir / "initstate")
             taint = _read(sysdir / "taint") or ""
+            srcversion = _read(sysdir / "srcversion")
             return ModuleObservation(
                 name=name,
                 presence=Presence.LOADED,
                 initstate=initstate.strip() if initstate is not None else None,
                 refcnt=int(refcnt) if refcnt is not None else proc[name].refcnt,
                 version=version,
+                srcversion=srcversion.strip() if srcversion is not None else None,
                 used_by=proc[name].used_by,
                 out_of_tree="O" in taint,
             )

@@ -18,11 +18,15 @@ def readiness_problems(
     observed: Mapping[str, ModuleObservation],
     expected_version: str | None,
     replaces_in_tree: frozenset[str] = frozenset(),
+    expected_srcversions: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Why the driver is not ready; empty when every module is live at the right version.
 
     ``replaces_in_tree`` names modules that share their name with an in-tree
     module; loaded without the out-of-tree taint, they are the in-tree one.
+    ``expected_srcversions`` are the srcversions of the modules this agent
+    carries: a loaded module with another one is another build (an old driver
+    whose unload failed, say), and is never reported ready.
     """
     problems = [
         problem
@@ -30,7 +34,23 @@ def readiness_problems(
         if (problem := _module_problem(name, observed[name], replaces_in_tree))
     ]
     version_problem = _version_problem(loading_order[-1], observed, expected_version)
-    return problems + ([version_problem] if version_problem else [])
+    identity = _identity_problems(loading_order, observed, expected_srcversions or {})
+    return problems + ([version_problem] if version_problem else []) + identity
+
+
+def _identity_problems(
+    loading_order: Sequence[str],
+    observed: Mapping[str, ModuleObservation],
+    expected: Mapping[str, str],
+) -> list[str]:
+    return [
+        f"{name} loaded is another build (srcversion {seen.srcversion or 'unset'}, "
+        f"expected {expected[name]})"
+        for name in loading_order
+        if expected.get(name)
+        and (seen := observed[name]).presence is Presence.LOADED
+        and seen.srcversion != expected[name]
+    ]
 
 
 def _module_problem(
@@ -76,9 +96,12 @@ def decide_load(
     observed: Mapping[str, ModuleObservation],
     expected_version: str | None,
     replaces_in_tree: frozenset[str] = frozenset(),
+    expected_srcversions: Mapping[str, str] | None = None,
 ) -> LoadDecision:
     problems = tuple(
-        readiness_problems(loading_order, observed, expected_version, replaces_in_tree)
+        readiness_problems(
+            loading_order, observed, expected_version, replaces_in_tree, expected_srcversions
+        )
     )
     if not problems:
         return LoadDecision(LoadAction.NOTHING)
@@ -86,7 +109,11 @@ def decide_load(
         return LoadDecision(LoadAction.BLOCKED, problems)
     loaded = [n for n in loading_order if observed[n].presence is Presence.LOADED]
     wrong = [n for n in loaded if _module_problem(n, observed[n], replaces_in_tree)]
-    if wrong or _version_problem(loading_order[-1], observed, expected_version):
+    if (
+        wrong
+        or _version_problem(loading_order[-1], observed, expected_version)
+        or _identity_problems(loading_order, observed, expected_srcversions or {})
+    ):
         # A stale module must go before its replacement can load, and with it
         # every module of ours that links against it.
         return LoadDecision(LoadAction.REPLACE, problems, tuple(reversed(loaded)))

@@ -65,6 +65,7 @@ class Node:
         depends: Sequence[str] = (),
         devices: Sequence[str] = (),
         in_tree: bool = False,
+        srcversion: str | None = None,
     ) -> None:
         """Load a module as if it were there before the agent started."""
         path = write_module(
@@ -74,6 +75,7 @@ class Node:
             depends=depends,
             devices=devices,
             in_tree=in_tree,
+            srcversion=srcversion,
         )
         result = self.kernel(["insmod", str(path)])
         assert result.returncode == 0, result.stderr
@@ -119,6 +121,10 @@ class Node:
 
     def loaded(self) -> list[str]:
         return list(self.kernel.modules)
+
+    def kernel_changes(self) -> list[tuple[str, ...]]:
+        """The kmod calls that change what is loaded (modinfo and depmod only read)."""
+        return [c for c in self.kernel.calls if c[0] in ("insmod", "rmmod", "modprobe")]
 
     def kmod_calls(self, tool: str) -> list[tuple[str, ...]]:
         return [c for c in self.kernel.calls if c[0] == tool]

@@ -36,6 +36,7 @@ def write_module(
     name: str,
     *,
     version: str | None = None,
+    srcversion: str | None = None,
     depends: Sequence[str] = (),
     devices: Sequence[str] = (),
     firmware: Sequence[str] = (),
@@ -48,6 +49,7 @@ def write_module(
             {
                 "name": kname(name),
                 "version": version,
+                "srcversion": srcversion,
                 "depends": [kname(d) for d in depends],
                 "devices": list(devices),
                 "firmware": list(firmware),
@@ -62,6 +64,7 @@ def write_module(
 class _Module:
     name: str
     version: str | None
+    srcversion: str | None
     depends: list[str]
     devices: list[str]
     out_of_tree: bool
@@ -289,6 +292,7 @@ class SimulatedKernel:
         self.modules[name] = _Module(
             name=name,
             version=info["version"],
+            srcversion=info.get("srcversion"),
             depends=list(info["depends"]),
             devices=list(info["devices"]),
             out_of_tree=not info["in_tree"],
@@ -319,6 +323,8 @@ class SimulatedKernel:
             self._write(Path(f"{sysdir}/taint"), "OE\n" if module.out_of_tree else "\n")
             if module.version is not None:
                 self._write(Path(f"{sysdir}/version"), module.version + "\n")
+            if module.srcversion is not None:
+                self._write(Path(f"{sysdir}/srcversion"), module.srcversion + "\n")
             for key, value in module.parameters.items():
                 self._write(Path(f"{sysdir}/parameters/{key}"), value + "\n")
         self._write(Path("/proc/modules"), "".join(line + "\n" for line in lines))

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
+from kmodkit.agent import cli
 from kmodkit.agent.cli import main
 from kmodkit.agent.errors import ExitCode
 from kmodkit.agent.host_lock import LockTimeout, host_lock
@@ -204,11 +207,12 @@ def test_run_idles_on_a_host_managed_node(node: Node) -> None:
 
 @pytest.mark.parametrize("host_managed", [False, True])
 def test_the_real_process_stops_cleanly_on_sigterm(node: Node, host_managed: bool) -> None:
-    # Already loaded at the right version, so the real process needs no kmod tools.
+    # Already loaded at the right version, and built on the node (so no image
+    # to read with modinfo): the real process needs no kmod tools.
     node.preload_pair("2.9.0")
     if host_managed:
         node.write_host("/usr/src/tenstorrent-2.9.0/dkms.conf")
-    config_file = node.config_file()
+    config_file = node.config_file(build={"command": ["false"], "cacheDir": "/var/cache/tt"})
     process = subprocess.Popen(
         [
             sys.executable,
@@ -239,3 +243,61 @@ def test_the_real_process_stops_cleanly_on_sigterm(node: Node, host_managed: boo
     assert "terminating.left_loaded" in events
     assert events[-1] == "exit"
     assert node.loaded() == [DEP, TOP]
+
+
+def test_a_serving_loader_loads_again_a_driver_that_vanished(node: Node) -> None:
+    node.image_pair()
+    stop = threading.Event()
+    agent = node.agent()
+    loader = threading.Thread(
+        target=serve,
+        args=(agent, stop),
+        kwargs={"unload_on_terminate": False, "recheck_seconds": 0},
+    )
+    loader.start()
+    try:
+        _wait_for(lambda: node.loaded() == [DEP, TOP])
+        node.kernel(["rmmod", TOP])  # an admin's rmmod, or a crashed module
+        _wait_for(lambda: bool(node.events("module.disappeared")) and node.loaded() == [DEP, TOP])
+    finally:
+        stop.set()
+        loader.join(timeout=10)
+    assert not loader.is_alive()
+
+
+def test_an_unload_waits_for_every_serving_loader_of_the_module(node: Node) -> None:
+    node.image_pair()
+    node.agent().load()
+    with node.agent().serving(), pytest.raises(LockTimeout):
+        node.agent().unload(force=False)
+    assert node.loaded() == [DEP, TOP]
+
+    node.agent().unload(force=False)
+    assert node.loaded() == []
+
+
+def test_a_failed_command_leaves_its_reason_for_the_kubelet(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.image_pair()
+    node.agent().load()
+    node.kernel.open_device(4242, "train.py", DEVICE)
+    last_words = tmp_path / "termination-log"
+    last_words.write_text("")
+    monkeypatch.setattr(cli, "TERMINATION_LOG", last_words)
+
+    result = CliRunner().invoke(
+        main,
+        ["--host-root", str(node.root), "--config", str(node.config_file()), "unload"],
+        obj=node.access(),
+    )
+
+    assert result.exit_code == ExitCode.BUSY
+    assert "pid 4242 (train.py)" in last_words.read_text()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
