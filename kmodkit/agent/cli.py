@@ -22,7 +22,7 @@ import click
 from kmodkit.agent.actions import HostAccess, NodeAgent, report_host_mode
 from kmodkit.agent.atomic_file import install_file
 from kmodkit.agent.config import AgentConfig, load_config
-from kmodkit.agent.errors import AgentError, ConfigError, ExitCode
+from kmodkit.agent.errors import AgentError, ConfigError, ExitCode, HostManaged
 from kmodkit.agent.host_mode import InstallMode
 from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
@@ -141,13 +141,23 @@ def load(inv: _Invocation, force_unload: bool | None, kernel_version: str | None
 
 @main.command()
 @_force_option
+@click.option(
+    "--host-managed-ok",
+    is_flag=True,
+    help="Exit 0 on a DKMS-managed node: what DKMS loaded is not this agent's to unload.",
+)
 @click.pass_obj
-def unload(inv: _Invocation, force_unload: bool | None) -> None:
+def unload(inv: _Invocation, force_unload: bool | None, host_managed_ok: bool) -> None:
     """Unload the driver in reverse loading order; refuse while the device is held."""
 
     def body(log: EventLog) -> None:
         agent = inv.agent(log, force_unload=force_unload)
-        agent.unload(force=agent.config.force_unload)
+        try:
+            agent.unload(force=agent.config.force_unload)
+        except HostManaged as exc:
+            if not host_managed_ok:
+                raise
+            log.info("unload.host_managed", message=exc.message, **exc.fields)
 
     _finish("unload", body)
 

@@ -301,3 +301,15 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_an_unloader_leaves_a_dkms_managed_driver_alone_and_succeeds(node: Node) -> None:
+    node.preload_pair("2.8.0")
+    node.write_host("/usr/src/tenstorrent-2.8.0/dkms.conf")
+
+    plain = agent_cli(node, "unload")
+    unloader = agent_cli(node, "unload", "--host-managed-ok")
+
+    assert plain.exit_code == ExitCode.HOST_MANAGED
+    assert unloader.exit_code == ExitCode.OK
+    assert node.loaded() == [DEP, TOP]

@@ -6,17 +6,28 @@ is loaded again (KMM's most reported bug is a node that says "ready" after a
 reboot with nothing loaded).
 
 Everything the plan needs is observed state: the Module, the nodes, the loader
-pods (whose annotations record the config, kernel and version they run), the
-images known to exist, and, for nodes about to unload, the pods still gated on
-the readiness label. The plan is a pure function; applying it twice changes
-nothing.
+and unloader pods (whose annotations record the module, kernel and version they
+run), the images known to exist, and, for nodes about to unload, the pods still
+gated on the readiness labels. The plan is a pure function; applying it twice
+changes nothing.
 
-Each node is decided alone (``decide``): from the node and its loader pod, what
-its pod needs (keep, create, replace, retire), its label changes and its
-outcome. Replacing a pod that works (an ``Update``) takes the module away from
-whatever uses it, so those go through the budget pass afterwards, which lets
+Each node is decided alone (``decide``) from the node and its pods. Three rules
+keep a driver from being unloaded by accident:
+
+- Deleting a loader pod never unloads: only an unloader pod does, and its
+  success is the only proof that a node has nothing loaded.
+- A node always has a pod recording what it runs: a successor is created in
+  the pass that deletes its predecessor, and an unloader in the pass that
+  deletes the loader pods.
+- A node absent from the caller's node list is left alone (a cache still
+  filling is not a fleet without nodes).
+
+Replacing a pod that serves a changed module (an ``Update``) takes the module
+away from whatever uses it, so those go through the budget pass, which lets
 them go while maxUnavailable has room after counting every node that already
-has nothing ready loaded.
+has nothing ready loaded; a pod that only needs renewing (a ``Refresh``: the
+agent image, tolerations) is followed by one that adopts the loaded module,
+within the same budget.
 """
 
 from __future__ import annotations
@@ -32,11 +43,13 @@ from kmodkit.core.api import Module
 from kmodkit.core.engine.kernel_mapping import NoMatch, ResolvedMapping, ResolveError, resolve
 from kmodkit.core.engine.loader_pod import (
     CONFIG_HASH,
+    MODULE_HASH,
     AgentConfigError,
     LoaderPod,
     LoaderSettings,
     for_node,
     pod_template,
+    unload_pod,
 )
 from kmodkit.core.nodes import NodeView, blocking_taints, selector_matches
 
@@ -53,6 +66,9 @@ class ImageState(Enum):
 class ImageStatus:
     state: ImageState
     detail: str = ""
+
+
+UNLOAD_FAILED = "UnloadFailed"
 
 
 class Phase(StrEnum):
@@ -184,17 +200,58 @@ class Context:
 
 
 @dataclass(frozen=True)
+class NodePods:
+    """The Module's pods on one node, sorted newest first."""
+
+    live: tuple[LoaderPod, ...] = ()
+    """Loader pods that run (or will): neither deleted nor ended."""
+    ended: tuple[LoaderPod, ...] = ()
+    """Loader pods the kubelet will not run again (shut down, evicted, rejected)."""
+    leaving: tuple[LoaderPod, ...] = ()
+    """Loader pods being deleted."""
+    unloader: LoaderPod | None = None
+
+    @classmethod
+    def of(cls, pods: Iterable[LoaderPod]) -> NodePods:
+        ordered = sorted(pods, key=lambda p: (p.created, p.name), reverse=True)
+        loaders = [p for p in ordered if not p.unloader]
+        return cls(
+            live=tuple(p for p in loaders if not p.deleting and not p.ended),
+            ended=tuple(p for p in loaders if not p.deleting and p.ended),
+            leaving=tuple(p for p in loaders if p.deleting),
+            unloader=next((p for p in ordered if p.unloader and not p.deleting), None),
+        )
+
+    @property
+    def newest(self) -> LoaderPod | None:
+        """The pod a successor follows (and whose configuration an unloader takes)."""
+        return next(iter((*self.live, *self.ended, *self.leaving)), None)
+
+    @property
+    def to_remove(self) -> tuple[LoaderPod, ...]:
+        return (*self.live, *self.ended)
+
+    @property
+    def unloading_themselves(self) -> bool:
+        """Old loader pods unload on SIGTERM: a new pod loads only once they are gone."""
+        return any(not p.leaves_loaded for p in self.leaving)
+
+
+@dataclass(frozen=True)
 class NodeStep:
-    """What one node gets this pass: its outcome, label changes and loader pod change."""
+    """What one node gets this pass: its outcome, label changes and pod changes."""
 
     node: str
     outcome: NodeOutcome | None = None
     labels: Mapping[str, str | None] = field(default_factory=dict)
     """Only the label changes the node really needs (none when converged)."""
     create: dict[str, Any] | None = None
-    delete: str | None = None
+    delete: tuple[str, ...] = ()
+    """Deleted after ``create`` is made: a node never goes without a pod recording it."""
     unavailable: bool = False
     """Nothing ready is loaded on the node: it counts against maxUnavailable."""
+    in_flight: bool = False
+    """A loader pod is being replaced without unloading: it counts against the budget too."""
     image: ResolvedMapping | None = None
     """The mapping the node should run, when it should run one (for checks and builds)."""
     awaiting_consumers: bool = False
@@ -203,11 +260,24 @@ class NodeStep:
 
 @dataclass(frozen=True)
 class Update:
-    """A node whose working loader pod runs an outdated config: only the budget lets it go."""
+    """A node whose working loader pod runs an outdated module: only the budget lets it go."""
+
+    node: NodeView
+    pods: NodePods
+    pod: LoaderPod
+    image: ResolvedMapping
+    template: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """A node whose loader pod runs the right module in an outdated pod: a new pod adopts
+    the module, within the budget so that a bad pod change cannot reach every node at once."""
 
     node: NodeView
     pod: LoaderPod
     image: ResolvedMapping
+    template: Mapping[str, Any]
 
 
 def plan(
@@ -217,81 +287,126 @@ def plan(
     images: Mapping[str, ImageStatus],
     settings: LoaderSettings,
     consumers: Mapping[str, Sequence[str]] | None = None,
+    *,
+    removing: bool = False,
 ) -> LoaderPlan:
     """What to create, delete and label so each node runs what the Module asks.
 
     ``consumers`` names, per node about to unload, the pods still gated on its
     readiness labels; a node missing from it is listed in ``awaiting_consumers``
     and not unloaded, so the caller lists pods only for those nodes and plans again.
+    ``removing``: the Module is being deleted, and every node unloads.
     """
     ctx = Context.of(module, images, settings, consumers)
-    by_node = {p.node: p for p in pods}
+    by_node: dict[str, list[LoaderPod]] = {}
+    for pod in pods:
+        by_node.setdefault(pod.node, []).append(pod)
     out = LoaderPlan()
+    ordered = sorted(nodes, key=lambda n: n.name)
+    if removing:
+        for node in ordered:
+            mine = NodePods.of(by_node.get(node.name, ()))
+            _apply(
+                out,
+                _unloader(node, mine, ctx, False) if mine.unloader else _retire(node, mine, ctx),
+            )
+        return out
     if module.spec.module_loader.container.modprobe.raw_args is not None:
         out.module_error = (
             "spec.moduleLoader.container.modprobe.rawArgs: kmodkit's engine "
             "loads by module name so it can verify what is loaded; set "
             "moduleName (and args/parameters) instead"
         )
+        for node in ordered:
+            _apply(out, _hold(node, NodePods.of(by_node.get(node.name, ())), ctx))
+        out.outcomes.clear()
         return out
-    ordered = sorted(nodes, key=lambda n: n.name)
-    decisions = [decide(node, by_node.pop(node.name, None), ctx) for node in ordered]
+    decisions = [decide(node, by_node.get(node.name, ()), ctx) for node in ordered]
     # Updates need their image whether or not the budget lets them go this pass.
     for node, decision in zip(ordered, decisions, strict=True):
         _record_image(out, node, decision.image)
     settled = [d for d in decisions if isinstance(d, NodeStep)]
-    updates = [d for d in decisions if isinstance(d, Update)]
+    waiting = [d for d in decisions if not isinstance(d, NodeStep)]
     for step in settled:
         _apply(out, step)
     # A pod whose node the caller does not know stays: a node cache still
     # filling (start-up, failover, a restarted watch) must never unload a
     # driver, and the pod GC removes pods of nodes that really are gone.
     budget = max_unavailable(
-        module.spec.rollout_policy().max_unavailable, out.targeted + len(updates)
+        module.spec.rollout_policy().max_unavailable, out.targeted + len(waiting)
     )
-    unavailable = sum(1 for s in settled if s.unavailable)
-    for step in _within_budget(updates, unavailable, budget, ctx):
+    spent = sum(1 for s in settled if s.unavailable or s.in_flight)
+    for step in _within_budget(waiting, spent, budget, ctx):
         _apply(out, step)
     out.outcomes.sort(key=lambda o: o.node)
     return out
 
 
-def decide(node: NodeView, pod: LoaderPod | None, ctx: Context) -> NodeStep | Update:
-    """What one node needs, from its own observations alone; an Update waits for the budget."""
+def labels_follow_pods(
+    namespace: str, name: str, nodes: Iterable[NodeView], pods: Iterable[LoaderPod]
+) -> dict[str, dict[str, str | None]]:
+    """The label changes that keep each node's labels true to its loader pods, for a
+    Module that cannot be planned (it fails validation): nothing is created or deleted."""
+    ready_key = labels.READY.key(namespace, name)
+    version_key = labels.VERSION_READY.key(namespace, name)
+    by_node: dict[str, list[LoaderPod]] = {}
+    for pod in pods:
+        by_node.setdefault(pod.node, []).append(pod)
+    changes = {}
+    for node in nodes:
+        ready = _ready_pod(node, NodePods.of(by_node.get(node.name, ())).live)
+        want = {ready_key: "", version_key: ready.version or None} if ready else {}
+        change = _changes(node, {ready_key: None, version_key: None, **want})
+        if change:
+            changes[node.name] = change
+    return changes
+
+
+def decide(node: NodeView, pods: Iterable[LoaderPod], ctx: Context) -> NodeStep | Update | Refresh:
+    """What one node needs, from its own observations alone; an Update or a Refresh
+    waits for the budget."""
+    mine = NodePods.of(pods)
+    if mine.unloader is not None:
+        # An unload under way finishes before anything else happens on the node.
+        targeted = _selected(node, ctx) and not isinstance(ctx.resolution(node.kernel), NoMatch)
+        return _unloader(node, mine, ctx, targeted)
     if not _selected(node, ctx):
-        return _retire(node, pod, ctx)
+        return _retire(node, mine, ctx)
     resolved = ctx.resolution(node.kernel)
     if isinstance(resolved, ResolveError):
         # Leave whatever runs there alone: a broken spec must not unload a node.
-        return NodeStep(
-            node.name,
-            NodeOutcome(
-                node.name, Phase.FAILED, "InvalidMapping", str(resolved), resolved.mapping_index
-            ),
+        outcome = NodeOutcome(
+            node.name, Phase.FAILED, "InvalidMapping", str(resolved), resolved.mapping_index
         )
+        return _hold(node, mine, ctx, outcome)
     if isinstance(resolved, NoMatch):
-        return _retire(node, pod, ctx, _no_mapping(node))
-    if _version_held_back(node, pod, ctx):
-        return _held_back(node, pod, resolved, ctx)
-    return _run(node, pod, resolved, ctx)
+        return _retire(node, mine, ctx, _no_mapping(node))
+    if _version_held_back(node, mine.live, ctx):
+        return _held_back(node, mine, resolved, ctx)
+    return _run(node, mine, resolved, ctx)
 
 
 def _within_budget(
-    updates: Sequence[Update],
-    unavailable: int,
+    waiting: Sequence[Update | Refresh],
+    spent: int,
     budget: int,
     ctx: Context,
 ) -> list[NodeStep]:
-    """Which updates go now, given ``unavailable`` nodes already count against ``budget``."""
+    """Which updates and refreshes go now, given ``spent`` of ``budget`` is in use."""
     steps = []
     # Updates already under way (label gone) finish first and count first.
-    for update in sorted(updates, key=lambda u: ctx.ready_key in u.node.labels):
-        under_way = ctx.ready_key not in update.node.labels
-        if under_way or unavailable < budget:
-            unavailable += 1
-            steps.append(_unload(update, under_way, _holders(update.node, ctx), ctx))
+    for entry in sorted(waiting, key=lambda u: ctx.ready_key in u.node.labels):
+        if isinstance(entry, Refresh):
+            go = spent < budget
+            spent += go
+            steps.append(_refresh(entry, go, budget, ctx))
+            continue
+        under_way = ctx.ready_key not in entry.node.labels
+        if under_way or spent < budget:
+            spent += 1
+            steps.append(_unload(entry, under_way, _holders(entry.node, ctx), ctx))
         else:
-            steps.append(_update_pending(update, budget, ctx))
+            steps.append(_update_pending(entry, budget, ctx))
     return steps
 
 
@@ -301,16 +416,15 @@ def _selected(node: NodeView, ctx: Context) -> bool:
     )
 
 
-def _version_held_back(node: NodeView, pod: LoaderPod | None, ctx: Context) -> bool:
-    """The Module names a version the node is not labelled for and the pod does not run."""
+def _version_held_back(node: NodeView, live: Sequence[LoaderPod], ctx: Context) -> bool:
+    """The Module names a version the node is not labelled for and no pod runs."""
     version = ctx.version
     labelled = node.labels.get(ctx.wanted_version_key) == version
-    return bool(version) and not labelled and (pod is None or pod.version != version)
+    return bool(version) and not labelled and all(p.version != version for p in live)
 
 
-def _held_back(
-    node: NodeView, pod: LoaderPod | None, resolved: ResolvedMapping, ctx: Context
-) -> NodeStep:
+def _held_back(node: NodeView, pods: NodePods, resolved: ResolvedMapping, ctx: Context) -> NodeStep:
+    pod = pods.live[0] if pods.live else None
     have = f"version {pod.version!r} stays loaded" if pod else "nothing is loaded"
     outcome = NodeOutcome(
         node.name,
@@ -321,99 +435,129 @@ def _held_back(
         resolved.mapping_index,
     )
     if pod is not None and pod.kernel == node.kernel:
-        return NodeStep(node.name, outcome, _labels_from_pod(node, pod, ctx))
-    return _retire(node, pod, ctx, outcome)
+        return NodeStep(node.name, outcome, _labels_from_pods(node, pods.live, ctx))
+    return _retire(node, pods, ctx, outcome)
+
+
+def _hold(
+    node: NodeView, pods: NodePods, ctx: Context, outcome: NodeOutcome | None = None
+) -> NodeStep:
+    """Touch no pod (the spec cannot say what the node should run), but keep the labels
+    true: a loader pod that stops being ready takes the label away with it."""
+    return NodeStep(node.name, outcome, _labels_from_pods(node, pods.live, ctx))
 
 
 def _run(
-    node: NodeView, pod: LoaderPod | None, resolved: ResolvedMapping, ctx: Context
-) -> NodeStep | Update:
+    node: NodeView, pods: NodePods, resolved: ResolvedMapping, ctx: Context
+) -> NodeStep | Update | Refresh:
     """A node that should run ``resolved``: keep, create, replace or update its loader pod."""
     template = ctx.template(resolved)
     if isinstance(template, AgentConfigError):
         # As for an invalid mapping: leave what runs there alone, and
         # neither check nor build an image no loader pod would use.
-        return NodeStep(
-            node.name,
-            NodeOutcome(
-                node.name, Phase.FAILED, "InvalidAgentConfig", str(template), resolved.mapping_index
-            ),
+        outcome = NodeOutcome(
+            node.name, Phase.FAILED, "InvalidAgentConfig", str(template), resolved.mapping_index
         )
-    if pod is not None and pod.deleting:
-        return _unloading(node, pod, resolved, ctx)
-    if pod is not None and pod.config_hash == template["metadata"]["annotations"][CONFIG_HASH]:
-        return _up_to_date(node, pod, resolved, ctx)
+        return _hold(node, pods, ctx, outcome)
+    wanted = template["metadata"]["annotations"][MODULE_HASH]
+    current = next((p for p in pods.live if p.module_hash == wanted), None)
+    if current is not None:
+        return _current(node, pods, current, resolved, template, ctx)
     image = ctx.images.get(resolved.container_image, ImageStatus(ImageState.UNKNOWN))
     if image.state is not ImageState.EXISTS:
-        return _awaiting_image(node, pod, resolved, image, ctx)
-    if pod is None:
-        return _create(node, resolved, template, ctx)
-    if not pod.ready or pod.kernel != node.kernel:
-        return _replace(node, pod, resolved, ctx)
-    return Update(node, pod, resolved)
+        return _awaiting_image(node, pods, resolved, image, ctx)
+    if not pods.live:
+        return _create(node, pods, resolved, template, ctx)
+    newest = pods.live[0]
+    if not newest.ready or newest.kernel != node.kernel:
+        return _replace(node, pods, newest, resolved, template, ctx)
+    return Update(node, pods, newest, resolved, template)
 
 
-def _unloading(node: NodeView, pod: LoaderPod, resolved: ResolvedMapping, ctx: Context) -> NodeStep:
-    return NodeStep(
-        node.name,
-        NodeOutcome(
-            node.name,
-            Phase.UPDATING,
-            "Unloading",
-            f"loader pod {pod.name} is unloading",
-            resolved.mapping_index,
-        ),
-        _unlabelled(node, ctx),
-        unavailable=True,
-        image=resolved,
-    )
-
-
-def _up_to_date(
-    node: NodeView, pod: LoaderPod, resolved: ResolvedMapping, ctx: Context
-) -> NodeStep:
-    if pod.ready:
+def _current(
+    node: NodeView,
+    pods: NodePods,
+    current: LoaderPod,
+    resolved: ResolvedMapping,
+    template: Mapping[str, Any],
+    ctx: Context,
+) -> NodeStep | Refresh:
+    """A live pod runs the wanted module: report it, retire what it supersedes, and
+    give it a new pod when the pod itself is outdated."""
+    same = [p for p in pods.live if p.module_hash == current.module_hash]
+    ready = _ready_pod(node, same)
+    # Older pods of the same module go once the newest serves; pods of another
+    # module go at once (an update decided to let them go).
+    superseded = [
+        p
+        for p in (*pods.live, *pods.ended)
+        if p is not current and (ready is current or p.module_hash != current.module_hash)
+    ]
+    if ready is current:
         outcome = NodeOutcome(node.name, Phase.LOADED, "Loaded", "", resolved.mapping_index)
+    elif ready is not None:
+        outcome = NodeOutcome(
+            node.name,
+            Phase.LOADED,
+            "Refreshing",
+            f"loader pod {current.name} takes over from {ready.name}",
+            resolved.mapping_index,
+        )
     else:
         outcome = NodeOutcome(
             node.name,
-            Phase.FAILED if pod.problem else Phase.LOADING,
-            "LoadFailed" if pod.problem else "Loading",
-            pod.problem or f"loader pod {pod.name} is starting",
+            Phase.FAILED if current.problem else Phase.LOADING,
+            "LoadFailed" if current.problem else "Loading",
+            current.problem or f"loader pod {current.name} is starting",
             resolved.mapping_index,
         )
+    outdated = current.config_hash != template["metadata"]["annotations"][CONFIG_HASH]
+    if outdated and current.leaves_loaded and len(same) == 1:
+        if ready is current:
+            return Refresh(node, current, resolved, template)
+        # Not working anyway: replace it without waiting for the budget.
+        return _replace(node, pods, current, resolved, template, ctx)
     return NodeStep(
         node.name,
         outcome,
-        _labels_from_pod(node, pod, ctx),
-        unavailable=not pod.ready,
+        _labels_from_pods(node, same, ctx),
+        delete=tuple(p.name for p in superseded),
+        unavailable=ready is None,
+        in_flight=len(same) > 1,
         image=resolved,
     )
 
 
 def _awaiting_image(
     node: NodeView,
-    pod: LoaderPod | None,
+    pods: NodePods,
     resolved: ResolvedMapping,
     image: ImageStatus,
     ctx: Context,
 ) -> NodeStep:
+    # Keep the old module loaded (and labelled while it serves) until the new image exists.
+    labels_now = _labels_from_pods(node, pods.live, ctx)
     return NodeStep(
         node.name,
         _image_outcome(node, resolved, image),
-        # Keep the old module loaded until the new image exists.
-        _labels_from_pod(node, pod, ctx)
-        if pod is not None and pod.ready and pod.kernel == node.kernel
-        else {},
-        unavailable=pod is None or not pod.ready,
+        labels_now,
+        unavailable=_ready_pod(node, pods.live) is None,
         image=resolved,
     )
 
 
 def _create(
-    node: NodeView, resolved: ResolvedMapping, template: Mapping[str, Any], ctx: Context
+    node: NodeView,
+    pods: NodePods,
+    resolved: ResolvedMapping,
+    template: Mapping[str, Any],
+    ctx: Context,
 ) -> NodeStep:
-    desired = for_node(template, ctx.module, node)
+    """No loader pod runs: make one, which adopts whatever an ended pod left loaded."""
+    if pods.unloading_themselves:
+        return _waiting_for_old_pods(node, pods, resolved, ctx)
+    after = pods.newest
+    desired = for_node(template, ctx.module, node, after.uid if after else "")
     return NodeStep(
         node.name,
         NodeOutcome(
@@ -423,15 +567,56 @@ def _create(
             f"creating loader pod {desired['metadata']['name']}",
             resolved.mapping_index,
         ),
+        _unlabelled(node, ctx),
         create=desired,
+        delete=tuple(p.name for p in pods.ended),
         unavailable=True,
         image=resolved,
     )
 
 
-def _replace(node: NodeView, pod: LoaderPod, resolved: ResolvedMapping, ctx: Context) -> NodeStep:
+def _waiting_for_old_pods(
+    node: NodeView, pods: NodePods, resolved: ResolvedMapping, ctx: Context
+) -> NodeStep:
+    return NodeStep(
+        node.name,
+        NodeOutcome(
+            node.name,
+            Phase.UPDATING,
+            "Unloading",
+            f"loader pod {pods.leaving[0].name} is unloading",
+            resolved.mapping_index,
+        ),
+        _unlabelled(node, ctx),
+        unavailable=True,
+        image=resolved,
+    )
+
+
+def _successor(
+    node: NodeView,
+    pod: LoaderPod,
+    template: Mapping[str, Any],
+    ctx: Context,
+) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """What replaces ``pod``: its successor is made first and the pod deleted in the same
+    pass; a pod that unloads on SIGTERM is deleted alone, its successor made once it is gone."""
+    if not pod.leaves_loaded:
+        return None, (pod.name,)
+    return for_node(template, ctx.module, node, pod.uid), (pod.name,)
+
+
+def _replace(
+    node: NodeView,
+    pods: NodePods,
+    pod: LoaderPod,
+    resolved: ResolvedMapping,
+    template: Mapping[str, Any],
+    ctx: Context,
+) -> NodeStep:
     # Nothing useful is loaded (it never came up, or the node rebooted into
     # another kernel): replacing it spends no budget.
+    create, delete = _successor(node, pod, template, ctx)
     return NodeStep(
         node.name,
         NodeOutcome(
@@ -442,9 +627,31 @@ def _replace(node: NodeView, pod: LoaderPod, resolved: ResolvedMapping, ctx: Con
             resolved.mapping_index,
         ),
         _unlabelled(node, ctx),
-        delete=pod.name,
+        create=create,
+        delete=delete,
         unavailable=True,
         image=resolved,
+    )
+
+
+def _refresh(refresh: Refresh, go: bool, budget: int, ctx: Context) -> NodeStep:
+    node, pod = refresh.node, refresh.pod
+    create = for_node(refresh.template, ctx.module, node, pod.uid) if go else None
+    return NodeStep(
+        node.name,
+        NodeOutcome(
+            node.name,
+            Phase.LOADED,
+            "Refreshing" if go else "RefreshPending",
+            f"a new loader pod takes over from {pod.name} without reloading the module"
+            if go
+            else f"a new loader pod waits for the rollout budget (maxUnavailable {budget})",
+            refresh.image.mapping_index,
+        ),
+        _labels_from_pods(node, (pod,), ctx),
+        create=create,
+        in_flight=go,
+        image=refresh.image,
     )
 
 
@@ -459,7 +666,7 @@ def _update_pending(update: Update, budget: int, ctx: Context) -> NodeStep:
             f"waiting for the rollout budget (maxUnavailable {budget})",
             update.image.mapping_index,
         ),
-        _labels_from_pod(node, update.pod, ctx),
+        _labels_from_pods(node, update.pods.live, ctx),
         image=update.image,
     )
 
@@ -468,20 +675,23 @@ def _unload(
     update: Update, under_way: bool, holders: Sequence[str] | None, ctx: Context
 ) -> NodeStep:
     """Step 1 takes the readiness label away so gated pods leave the node; step 2,
-    once nothing holds the module through the label, unloads it."""
+    once nothing holds the module through the label, replaces the loader pod (the
+    new one swaps the module)."""
     node, pod = update.node, update.pod
     if under_way and holders is not None and not holders:
+        create, delete = _successor(node, pod, update.template, ctx)
         return NodeStep(
             node.name,
             NodeOutcome(
                 node.name,
                 Phase.UPDATING,
                 "Unloading",
-                f"unloading the old module ({pod.name})",
+                f"replacing the old module ({pod.name})",
                 update.image.mapping_index,
             ),
             _unlabelled(node, ctx),
-            delete=pod.name,
+            create=create,
+            delete=delete,
             unavailable=True,
             image=update.image,
         )
@@ -500,6 +710,42 @@ def _unload(
         unavailable=True,
         image=update.image,
         awaiting_consumers=under_way and holders is None,
+    )
+
+
+def _unloader(node: NodeView, pods: NodePods, ctx: Context, targeted: bool) -> NodeStep:
+    """An unloader pod runs: it is the node's record until it succeeds."""
+    unloader = pods.unloader
+    assert unloader is not None
+    if unloader.phase == "Succeeded":
+        # Nothing of the Module is loaded: the node starts afresh next pass.
+        reason, phase, message = "Unloaded", Phase.UPDATING, "the module was unloaded"
+        create, delete = None, (unloader.name, *(p.name for p in pods.to_remove))
+    elif unloader.ended:
+        # The kubelet gave up on it (node shutdown, eviction): a new one takes over.
+        reason, phase = "Unloading", Phase.UPDATING
+        message = f"unloader pod {unloader.name} ended ({unloader.problem or unloader.phase})"
+        create = unload_pod(ctx.module, unloader, ctx.settings, unloader.uid)
+        delete = (unloader.name,)
+    else:
+        failed = unloader.restarts > 0 and bool(unloader.problem)
+        reason, phase = (UNLOAD_FAILED, Phase.FAILED) if failed else ("Unloading", Phase.UPDATING)
+        message = (
+            f"unloading failed {unloader.restarts} time(s), trying again: {unloader.problem}"
+            if failed
+            else f"unloader pod {unloader.name} is unloading the module"
+        )
+        create, delete = None, tuple(p.name for p in pods.to_remove)
+    # A failed unload is reported even on a node the Module no longer targets.
+    report = targeted or reason == UNLOAD_FAILED
+    outcome = NodeOutcome(node.name, phase, reason, message) if report else None
+    return NodeStep(
+        node.name,
+        outcome,
+        _unlabelled(node, ctx),
+        create=create,
+        delete=delete,
+        unavailable=targeted,
     )
 
 
@@ -546,26 +792,44 @@ def _image_outcome(node: NodeView, resolved: ResolvedMapping, image: ImageStatus
 
 
 def _retire(
-    node: NodeView, pod: LoaderPod | None, ctx: Context, outcome: NodeOutcome | None = None
+    node: NodeView, pods: NodePods, ctx: Context, outcome: NodeOutcome | None = None
 ) -> NodeStep:
     """The node should run no loader pod of this Module: as for an update, the labels go
-    first, and the pod (the module) only once no pod gated on them is left there."""
+    first; once no pod gated on them is left, an unloader pod unloads the module and
+    the loader pods go (it is created first, so the node never loses its record)."""
     unlabel = _unlabelled(node, ctx)
-    if pod is None or pod.deleting:
+    source = pods.newest
+    if source is None or not (pods.to_remove or any(p.leaves_loaded for p in pods.leaving)):
+        # Nothing there, or only old pods unloading themselves on the way out.
         return NodeStep(node.name, outcome, unlabel)
     holders = _holders(node, ctx)
-    if not unlabel and holders is not None and not holders:
-        return NodeStep(node.name, outcome, delete=pod.name)
-    return NodeStep(node.name, outcome, unlabel, awaiting_consumers=not unlabel and holders is None)
+    if unlabel or holders is None or holders:
+        return NodeStep(
+            node.name, outcome, unlabel, awaiting_consumers=not unlabel and holders is None
+        )
+    return NodeStep(
+        node.name,
+        outcome,
+        create=unload_pod(ctx.module, source, ctx.settings, source.uid),
+        delete=tuple(p.name for p in pods.to_remove),
+    )
 
 
 def _holders(node: NodeView, ctx: Context) -> Sequence[str] | None:
     return None if ctx.consumers is None else ctx.consumers.get(node.name)
 
 
-def _labels_from_pod(node: NodeView, pod: LoaderPod, ctx: Context) -> dict[str, str | None]:
-    if pod.ready and not pod.deleting and pod.kernel == node.kernel:
-        return _changes(node, {ctx.ready_key: "", ctx.version_ready_key: pod.version or None})
+def _ready_pod(node: NodeView, pods: Iterable[LoaderPod]) -> LoaderPod | None:
+    """The newest pod that serves the module on the node's running kernel."""
+    return next((p for p in pods if p.ready and p.kernel == node.kernel), None)
+
+
+def _labels_from_pods(
+    node: NodeView, pods: Iterable[LoaderPod], ctx: Context
+) -> dict[str, str | None]:
+    ready = _ready_pod(node, pods)
+    if ready is not None:
+        return _changes(node, {ctx.ready_key: "", ctx.version_ready_key: ready.version or None})
     return _unlabelled(node, ctx)
 
 
@@ -591,7 +855,6 @@ def _apply(out: LoaderPlan, step: NodeStep) -> None:
         out.node_labels.setdefault(step.node, {}).update(step.labels)
     if step.create is not None:
         out.create.append(step.create)
-    if step.delete is not None:
-        out.delete.append(step.delete)
+    out.delete.extend(step.delete)
     if step.awaiting_consumers:
         out.awaiting_consumers.append(step.node)

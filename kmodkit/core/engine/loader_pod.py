@@ -1,10 +1,19 @@
 """The loader pod: what runs on a node to keep a Module's kernel module loaded.
 
-Its init container copies ``<dirName>/lib/modules/<kernel>`` (and the
+Its init containers copy ``<dirName>/lib/modules/<kernel>`` (and the
 firmware) out of the module image; the ``kmodkit-agent`` container loads it,
-answers the readiness probe from what the kernel really has loaded, and unloads
-when the pod is deleted. The pod's annotations record what it runs, so the pod
-itself is the node's state (no internal per-node object as in KMM).
+answers the readiness probe from what the kernel really has loaded, and loads
+it again if it vanishes. Deleting a loader pod never unloads anything: an
+unload is always an unloader pod (``unload_pod``), created on purpose, whose
+success is the proof that the node has nothing loaded. The pods' annotations
+record what they run, so the pods themselves are the node's state (no internal
+per-node object as in KMM).
+
+Two hashes tell changes apart: the module hash covers what the kernel loads
+(image, modprobe settings, parameters, firmware, in-tree removals, version);
+the config hash covers the whole pod. A change of the first reloads the
+driver; a change of only the second (the agent image, tolerations, resources)
+gives the node a new loader pod that adopts the loaded module.
 """
 
 from __future__ import annotations
@@ -28,12 +37,18 @@ from kmodkit.core.nodes import NodeView
 
 # Annotations a loader pod carries: the pod is the record of what the node runs.
 CONFIG_HASH = f"{labels.KMODKIT_PREFIX}/config-hash"
+MODULE_HASH = f"{labels.KMODKIT_PREFIX}/module-hash"
+"""Present on loader pods that leave the module loaded when deleted (all but the oldest)."""
 KERNEL = f"{labels.KMODKIT_PREFIX}/kernel"
 MODULE_VERSION = f"{labels.KMODKIT_PREFIX}/module-version"
 AGENT_CONFIG = f"{labels.KMODKIT_PREFIX}/agent-config"
 MODULE_LABEL = f"{labels.KMODKIT_PREFIX}/module"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER_COMPONENT = "module-loader"
+UNLOADER_COMPONENT = "module-unloader"
+# Loader pods keep a node's driver: the kubelet must not evict or preempt them
+# before the workloads that use it (allowed in every namespace since 1.17).
+PRIORITY_CLASS = "system-node-critical"
 
 # Where the loader pod puts what it copies out of the module image.
 STAGING = "/kmod"
@@ -42,6 +57,8 @@ HOST_ROOT = "/host"
 AGENT_CONFIG_DIR = "/etc/kmodkit"
 # Firmware directories the kernel searches without being told (no sysfs write).
 BUILTIN_FIRMWARE_DIRS = ("/lib/firmware", "/lib/firmware/updates")
+
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
 
 # Loader pods stay through a cordon or a NotReady spell, as DaemonSet pods do.
 TRANSIENT_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -61,7 +78,7 @@ class LoaderSettings:
 
 @dataclass(frozen=True)
 class LoaderPod:
-    """A loader pod as observed."""
+    """A loader (or unloader) pod as observed."""
 
     name: str
     node: str
@@ -72,26 +89,69 @@ class LoaderPod:
     deleting: bool = False
     problem: str = ""
     """Why the pod is not ready, from its container statuses (empty when unknown)."""
+    module_hash: str = ""
+    leaves_loaded: bool = False
+    """Deleting the pod leaves its module loaded (pods older than that unload on SIGTERM)."""
+    uid: str = ""
+    created: str = ""
+    phase: str = "Running"
+    restarts: int = 0
+    unloader: bool = False
+    agent_config: str = ""
+    """The agent configuration the pod runs (YAML), for the unloader that follows it."""
+
+    @property
+    def ended(self) -> bool:
+        """The pod's containers will not run again (the kubelet gave up on it, or it finished)."""
+        return self.phase in ("Succeeded", "Failed")
 
 
 def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
     meta = obj.get("metadata") or {}
     ann = meta.get("annotations") or {}
+    spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    recorded = ann.get(MODULE_HASH)
     return LoaderPod(
         name=meta.get("name", ""),
-        node=(obj.get("spec") or {}).get("nodeName", ""),
+        node=spec.get("nodeName", ""),
         config_hash=ann.get(CONFIG_HASH, ""),
         kernel=ann.get(KERNEL, ""),
         version=ann.get(MODULE_VERSION, ""),
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         problem=_pod_problem(status),
+        module_hash=recorded or _recorded_module(spec, ann),
+        leaves_loaded=recorded is not None,
+        uid=meta.get("uid", ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        phase=status.get("phase") or "Pending",
+        restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
+        unloader=(meta.get("labels") or {}).get(COMPONENT_LABEL) == UNLOADER_COMPONENT,
+        agent_config=ann.get(AGENT_CONFIG, ""),
     )
+
+
+def _recorded_module(spec: Mapping[str, Any], ann: Mapping[str, str]) -> str:
+    """The module hash of a pod made before pods recorded it, from what it runs."""
+    init = spec.get("initContainers") or [{}]
+    try:
+        config = yaml.safe_load(ann.get(AGENT_CONFIG, "")) or {}
+    except yaml.YAMLError:
+        return ""
+    return module_identity(init[0].get("image", ""), config, ann.get(MODULE_VERSION, ""))
+
+
+def module_identity(image: str, config: Mapping[str, Any], version: str) -> str:
+    """What the kernel ends up running: the module image, how the agent loads it, the version."""
+    loads = {k: config.get(k) for k in ("modprobe", "inTreeModulesToRemove", "firmwareHostPath")}
+    return hashlib.sha256(json.dumps([image, loads, version], sort_keys=True).encode()).hexdigest()[
+        :32
+    ]
 
 
 def _pod_problem(status: Mapping[str, Any]) -> str:
@@ -101,12 +161,15 @@ def _pod_problem(status: Mapping[str, Any]) -> str:
     ]:
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
+        # A container restarting (CrashLoopBackOff) said why in its last run.
+        last = (cs.get("lastState") or {}).get("terminated") or {}
         if waiting.get("reason") and waiting["reason"] not in (
             "PodInitializing",
             "ContainerCreating",
         ):
-            return f"{cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".strip()
-        term = state.get("terminated") or {}
+            said = last.get("message") or waiting.get("message", "")
+            return f"{cs.get('name')}: {waiting['reason']}: {said}".strip()
+        term = state.get("terminated") or last
         if term.get("exitCode"):
             return (
                 f"{cs.get('name')}: exited {term['exitCode']} "
@@ -115,12 +178,18 @@ def _pod_problem(status: Mapping[str, Any]) -> str:
     return ""
 
 
-def pod_name(module: str, node: str) -> str:
-    name = f"{module}-loader-{node}"
-    if len(name) <= 253:
-        return name
+def pod_name(module: str, node: str, after: str = "", role: str = "loader") -> str:
+    """The name of the pod following the pod whose UID is ``after`` (none: the first).
+
+    Derived from what is observed, so a pass repeated after a crash asks for the
+    same pod again (and is told it exists) instead of making a second one.
+    """
+    base = f"{module}-{role}-{node}"
+    suffix = f"-{hashlib.sha256(after.encode()).hexdigest()[:6]}" if after else ""
+    if len(base) + len(suffix) <= 253:
+        return base + suffix
     digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    return f"{name[:242]}-{digest}"
+    return f"{base[: 242 - len(suffix)]}-{digest}{suffix}"
 
 
 class AgentConfigError(ValueError):
@@ -144,7 +213,9 @@ def agent_config(
         # module's MODULE_VERSION. Generic Modules never defer to DKMS; a
         # backend whose driver has a DKMS package configures that itself.
         dkms_modules=[],
-        unload_on_terminate=True,
+        # A deleted loader pod leaves the module loaded: only an unloader
+        # pod unloads, so a drain, an eviction or an operator upgrade never does.
+        unload_on_terminate=False,
     )
 
 
@@ -203,9 +274,12 @@ def loader_pod(
     return for_node(pod_template(module, resolved, settings), module, node)
 
 
-def for_node(template: Mapping[str, Any], module: Module, node: NodeView) -> dict[str, Any]:
-    """A pod template (shared by every node of one kernel) bound to ``node``."""
-    meta = {**template["metadata"], "name": pod_name(module.metadata.name or "", node.name)}
+def for_node(
+    template: Mapping[str, Any], module: Module, node: NodeView, after: str = ""
+) -> dict[str, Any]:
+    """A pod template (shared by every node of one kernel) bound to ``node``, following
+    the pod whose UID is ``after``."""
+    meta = {**template["metadata"], "name": pod_name(module.metadata.name or "", node.name, after)}
     return {**template, "metadata": meta, "spec": {**template["spec"], "nodeName": node.name}}
 
 
@@ -221,56 +295,41 @@ def pod_template(
     container = module.spec.module_loader.container
     modprobe = container.modprobe
     config = config_document(agent_config(module, resolved, settings))
-    kernel_dir = f"{modprobe.dir_name}/lib/modules/{resolved.kernel}"
-    copy = [
-        f"mkdir -p {STAGING}{modprobe.dir_name}/lib/modules",
-        f"cp -R {kernel_dir} {STAGING}{modprobe.dir_name}/lib/modules/",
-    ]
-    if modprobe.firmware_path:
-        copy += [
-            f"mkdir -p {FIRMWARE_STAGING}",
-            f"cp -R {modprobe.firmware_path}/. {FIRMWARE_STAGING}/",
-        ]
     firmware = bool(modprobe.firmware_path)
     # Writing /sys/module/firmware_class/parameters/path needs a writable
     # sysfs, i.e. a privileged container; nothing else the agent does does.
     privileged = firmware and settings.firmware_host_path not in BUILTIN_FIRMWARE_DIRS
+    # The agent finds the modules where modprobe.dirName says, inside the
+    # staging directory; depmod may write modules.dep there (it is a copy).
     mounts = [
-        {"name": "staging", "mountPath": STAGING, "readOnly": True},
-        {"name": "config", "mountPath": AGENT_CONFIG_DIR, "readOnly": True},
-        *(
-            {"name": n, "mountPath": f"{HOST_ROOT}{p}", "readOnly": ro}
-            for n, p, ro in _host_paths(settings, firmware, privileged)
-        ),
+        {
+            "name": "staging",
+            "mountPath": f"{STAGING}{modprobe.dir_name}/lib/modules/{resolved.kernel}",
+        },
+        *_agent_mounts(_host_paths(settings, firmware, privileged)),
     ]
+    extract = [
+        _extractor(
+            "image-extractor",
+            container,
+            resolved,
+            f"{modprobe.dir_name}/lib/modules/{resolved.kernel}",
+            "staging",
+        )
+    ]
+    if modprobe.firmware_path:
+        mounts.append({"name": "firmware", "mountPath": FIRMWARE_STAGING, "readOnly": True})
+        extract.append(
+            _extractor(
+                "firmware-extractor", container, resolved, modprobe.firmware_path, "firmware"
+            )
+        )
     volumes: list[dict[str, Any]] = [
         {"name": "staging", "emptyDir": {}},
-        {
-            "name": "config",
-            "downwardAPI": {
-                "items": [
-                    {
-                        "path": "agent.yaml",
-                        "fieldRef": {"fieldPath": f"metadata.annotations['{AGENT_CONFIG}']"},
-                    }
-                ]
-            },
-        },
-        *(
-            {
-                "name": n,
-                "hostPath": {"path": p, "type": "DirectoryOrCreate" if not ro else "Directory"},
-            }
-            for n, p, ro in _host_paths(settings, firmware, privileged)
-        ),
+        *([{"name": "firmware", "emptyDir": {}}] if firmware else []),
+        *_agent_volumes(_host_paths(settings, firmware, privileged)),
     ]
-    agent = [
-        "kmodkit-agent",
-        "--host-root",
-        HOST_ROOT,
-        "--config",
-        f"{AGENT_CONFIG_DIR}/agent.yaml",
-    ]
+    agent = list(AGENT_COMMAND)
     security: dict[str, Any] = (
         {"privileged": True}
         if privileged
@@ -287,25 +346,20 @@ def pod_template(
                 for t in module.spec.tolerations or []
             ),
         ],
-        "initContainers": [
-            {
-                "name": "image-extractor",
-                "image": resolved.container_image,
-                "imagePullPolicy": container.image_pull_policy or "IfNotPresent",
-                "command": ["/bin/sh", "-c", " && ".join(copy)],
-                "volumeMounts": [{"name": "staging", "mountPath": STAGING}],
-                "resources": _resources(),
-            }
-        ],
+        "priorityClassName": PRIORITY_CLASS,
+        "initContainers": extract,
         "containers": [
             {
                 "name": "agent",
                 "image": settings.agent_image,
                 "command": [*agent, "run"],
+                # Three misses in a row, each given 10 s: one slow probe on a
+                # loaded node must not take the label (and the device plugin) away.
                 "readinessProbe": {
                     "exec": {"command": [*agent, "status"]},
                     "periodSeconds": 10,
-                    "failureThreshold": 1,
+                    "timeoutSeconds": 10,
+                    "failureThreshold": 3,
                 },
                 "securityContext": security,
                 "volumeMounts": mounts,
@@ -338,13 +392,126 @@ def pod_template(
             },
             "annotations": {
                 CONFIG_HASH: digest[:32],
+                MODULE_HASH: module_identity(resolved.container_image, config, version),
                 KERNEL: resolved.kernel,
                 MODULE_VERSION: version,
                 AGENT_CONFIG: config_yaml,
+                # The staging copies are only caches of the image: losing them
+                # must not stop the cluster autoscaler from draining the node.
+                SAFE_TO_EVICT: ",".join(v["name"] for v in volumes if "emptyDir" in v),
             },
         },
         "spec": spec,
     }
+
+
+def unload_pod(
+    module: Module, loader: LoaderPod, settings: LoaderSettings, after: str
+) -> dict[str, Any]:
+    """The pod that unloads what ``loader`` (or the unloader before it) loaded on its node.
+
+    It runs ``kmodkit-agent unload`` with the loader's own configuration and
+    needs nothing from the module image, so a registry that lost the image
+    cannot keep a driver loaded. It restarts (with the kubelet's back-off)
+    until the unload succeeds; each failed try leaves its reason (who holds
+    the device) as the container's termination message. It tolerates every
+    taint: it goes where a driver is loaded, whatever the node's state.
+    """
+    ns, name = module.metadata.namespace or "", module.metadata.name or ""
+    host = [
+        ("host-modules", "/lib/modules", True),
+        ("host-sys", "/sys", True),
+        ("host-proc", "/proc", True),
+        ("host-run", "/run/kmodkit", False),
+    ]
+    spec: dict[str, Any] = {
+        "nodeName": loader.node,
+        "restartPolicy": "OnFailure",
+        "priorityClassName": PRIORITY_CLASS,
+        "serviceAccountName": module.spec.module_loader.service_account_name or "default",
+        "automountServiceAccountToken": False,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [
+            {
+                "name": "agent",
+                "image": settings.agent_image,
+                "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
+                "securityContext": {
+                    "capabilities": {"add": ["SYS_MODULE"], "drop": ["ALL"]},
+                    "runAsUser": 0,
+                },
+                "volumeMounts": _agent_mounts(host),
+                "resources": _resources(),
+            }
+        ],
+        "volumes": _agent_volumes(host),
+        "terminationGracePeriodSeconds": 30,
+    }
+    if module.spec.image_repo_secret is not None:
+        spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, loader.node, after, role="unload"),
+            "namespace": ns,
+            "labels": {
+                labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+                COMPONENT_LABEL: UNLOADER_COMPONENT,
+                MODULE_LABEL: name,
+                labels.MODULE_NAME_LABEL: name,
+            },
+            "annotations": {KERNEL: loader.kernel, AGENT_CONFIG: loader.agent_config},
+        },
+        "spec": spec,
+    }
+
+
+def _extractor(
+    name: str, container: Any, resolved: ResolvedMapping, source: str, volume: str
+) -> dict[str, Any]:
+    """An init container copying ``source`` out of the module image: argv only, no shell,
+    so no path or kernel string is ever interpreted; copying ``source/.`` into the
+    volume's root is the same on every restart."""
+    return {
+        "name": name,
+        "image": resolved.container_image,
+        "imagePullPolicy": container.image_pull_policy or "IfNotPresent",
+        "command": ["cp", "-R", f"{source}/.", "/staging/"],
+        "volumeMounts": [{"name": volume, "mountPath": "/staging"}],
+        "resources": _resources(),
+    }
+
+
+AGENT_COMMAND = (
+    "kmodkit-agent",
+    "--host-root",
+    HOST_ROOT,
+    "--config",
+    f"{AGENT_CONFIG_DIR}/agent.yaml",
+)
+
+
+def _agent_mounts(host: list[tuple[str, str, bool]]) -> list[dict[str, Any]]:
+    """The agent's configuration and the host paths it reads or writes."""
+    return [
+        {"name": "config", "mountPath": AGENT_CONFIG_DIR, "readOnly": True},
+        *({"name": n, "mountPath": f"{HOST_ROOT}{p}", "readOnly": ro} for n, p, ro in host),
+    ]
+
+
+def _agent_volumes(host: list[tuple[str, str, bool]]) -> list[dict[str, Any]]:
+    config_item = {
+        "path": "agent.yaml",
+        "fieldRef": {"fieldPath": f"metadata.annotations['{AGENT_CONFIG}']"},
+    }
+    return [
+        {"name": "config", "downwardAPI": {"items": [config_item]}},
+        *(
+            {"name": n, "hostPath": {"path": p, "type": "Directory" if ro else "DirectoryOrCreate"}}
+            for n, p, ro in host
+        ),
+    ]
 
 
 def _host_paths(

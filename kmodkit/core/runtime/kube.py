@@ -125,12 +125,17 @@ class Kube:
         message: str,
         namespace: str,
         warning: bool = False,
+        name: str | None = None,
     ) -> None:
-        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name, uid)."""
+        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name, uid).
+
+        A ``name`` makes it once-only: posting it again is refused and ignored.
+        """
         now = datetime.now(UTC)
         ref = {k: v for k, v in involved.items() if v}
+        identity = {"name": name} if name else {"generateName": f"{ref.get('name', 'kmodkit')}."}
         body = {
-            "metadata": {"generateName": f"{ref.get('name', 'kmodkit')}.", "namespace": namespace},
+            "metadata": {**identity, "namespace": namespace},
             "involvedObject": ref,
             "reason": reason,
             "message": message[:1024],
@@ -144,6 +149,8 @@ class Kube:
         try:
             self.core.create_namespaced_event(namespace, body)
         except ApiException as e:  # an event is never worth failing a pass for
+            if e.status == 409 and name:
+                return
             log.warning(
                 "could not post event %s on %s %s: %s", reason, kind, ref.get("name"), e.reason
             )

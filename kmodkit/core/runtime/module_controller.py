@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import os
 import time
 from collections import Counter
@@ -33,11 +34,19 @@ from kmodkit.core.engine.build_plan import (
 )
 from kmodkit.core.engine.images import parse_image_reference
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
-from kmodkit.core.engine.loader_plan import ImageState, LoaderPlan, gated_on, plan
+from kmodkit.core.engine.loader_plan import (
+    UNLOAD_FAILED,
+    ImageState,
+    LoaderPlan,
+    gated_on,
+    labels_follow_pods,
+    plan,
+)
 from kmodkit.core.engine.loader_pod import (
     COMPONENT_LABEL,
     LOADER_COMPONENT,
     MODULE_LABEL,
+    UNLOADER_COMPONENT,
     LoaderSettings,
     loader_pod_view,
 )
@@ -106,9 +115,9 @@ class ModuleController:
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         wakeups = self.shared.wakeups
-        loader_filter = {
+        loader_filter: dict[str, Any] = {
             labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
-            COMPONENT_LABEL: LOADER_COMPONENT,
+            COMPONENT_LABEL: _loader_or_unloader,
         }
         build_filter = {
             labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
@@ -166,9 +175,11 @@ class ModuleController:
                 metrics.forget(PLURAL, f"{namespace}/{name}")
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-        def module_deleted(name: str, namespace: str | None, **kwargs: Any) -> None:
+        def module_deleted(
+            name: str, namespace: str | None, body: kopf.Body, **kwargs: Any
+        ) -> None:
             key = (namespace or "", name)
-            self.finalize(*key, list(kwargs["loader_pods"].get(key, [])))
+            self.finalize(dict(body), list(kwargs["loader_pods"].get(key, [])))
 
     # -- a pass ---------------------------------------------------------------
 
@@ -176,12 +187,15 @@ class ModuleController:
         """One pass over a Module; returns seconds until a timed retry is due."""
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
+        nodes = list(self.nodes.values())  # the watch updates the cache from another thread
         try:
             module = Module.model_validate(body)
         except ValidationError as err:
-            self._write_status(body, module_status(body, LoaderPlan(), invalid=str(err)))
+            # Nothing can be planned, but the labels still follow the pods.
+            follow = LoaderPlan(node_labels=labels_follow_pods(ns, name, nodes, pods))
+            self._label_nodes(follow.node_labels, ns, name)
+            self._write_status(body, module_status(body, follow, invalid=str(err)))
             return None
-        nodes = list(self.nodes.values())
         first = plan(module, nodes, pods, {}, self.settings.loader)
         succeeded = {j.image for j in jobs if j.succeeded}
         existence = self._check_images(module, first.needed_images, succeeded)
@@ -220,12 +234,9 @@ class ModuleController:
             )
         for job_name in builds.delete:
             self.kube.delete_job(ns, job_name)
-        for pod_name in final.delete:
-            self.kube.delete_pod(ns, pod_name)
-        for pod in final.create:
-            pod["metadata"]["ownerReferences"] = [owner]
-            self.kube.create(pod)
+        self._apply_pods(final, owner, ns)
         self._label_nodes(final.node_labels, ns, name)
+        self._report_unload_failures(final, body)
         metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
         self._write_status(body, module_status(body, final))
         waiting = any(
@@ -274,6 +285,31 @@ class ModuleController:
             return None
         return base64.b64decode(data[".dockerconfigjson"]).decode()
 
+    def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> None:
+        # Creations first: a pod is deleted only once the pod that takes over its
+        # record (a successor, an unloader) exists.
+        for pod in final.create:
+            pod["metadata"]["ownerReferences"] = [owner]
+            self.kube.create(pod)
+        for pod_name in final.delete:
+            self.kube.delete_pod(ns, pod_name)
+
+    def _report_unload_failures(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        for failure in (o for o in final.outcomes if o.reason == UNLOAD_FAILED):
+            # Named after what failed: one Event per failed try, not one per pass.
+            digest = hashlib.sha256(f"{failure.node}\0{failure.message}".encode()).hexdigest()
+            self.kube.event(
+                {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
+                "Module",
+                UNLOAD_FAILED,
+                f"node {failure.node}: {failure.message}",
+                ns,
+                warning=True,
+                name=f"{name}.unload.{digest[:16]}",
+            )
+
     def _label_nodes(
         self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
     ) -> None:
@@ -307,33 +343,69 @@ class ModuleController:
 
     # -- deletion -------------------------------------------------------------
 
-    def finalize(self, ns: str, name: str, pods: list[Any]) -> None:
+    def finalize(self, body: Mapping[str, Any], pods: list[Any]) -> None:
         """Unload everywhere and remove the labels; kopf keeps the finalizer until done.
 
-        The readiness labels go first so gated pods (device plugins) leave each
-        node; a loader pod is deleted (and its module unloaded) only then. A pod
+        The plan is the engine's own with every node retiring: the labels go
+        first so gated pods (device plugins) leave each node, then an unloader
+        pod unloads the module, and only its success lets the node go. A pod
         on a node the cache does not hold (yet) stays: that node's labels were
         not taken away, and the pod GC removes pods of nodes that are gone.
         """
-        ready_key = labels.READY.key(ns, name)
-        keys = (ready_key, labels.VERSION_READY.key(ns, name))
-        nodes = dict(self.nodes)  # the watch updates the cache from another thread
-        for node in nodes.values():
-            change = {k: None for k in keys if k in node.labels}
-            if change:
-                self.kube.label_node(node.name, change)
-        waiting = []
-        for pod in pods:
-            if pod.node not in nodes:
-                waiting.append(f"{pod.node} (node not seen yet)")
-                continue
-            holders = self._gated_pods(pod.node, ns, name)
-            if holders:
-                waiting.append(f"{pod.node} ({', '.join(holders)})")
-            elif not pod.deleting:
-                self.kube.delete_pod(ns, pod.name)
+        meta = body.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        module = _removal_module(body)
+        nodes = list(self.nodes.values())  # the watch updates the cache from another thread
+        seen = {n.name for n in nodes}
+        removal = plan(module, nodes, pods, {}, self.settings.loader, removing=True)
+        if removal.awaiting_consumers:
+            consumers = {n: self._gated_pods(n, ns, name) for n in removal.awaiting_consumers}
+            removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
+        owner = controller_reference({**body, **MODULE_REF})
+        self._apply_pods(removal, owner, ns)
+        self._label_nodes(removal.node_labels, ns, name)
+        self._report_unload_failures(removal, body)
         if pods:
+            unseen = sorted({p.node for p in pods if p.node not in seen})
+            held = [f"{o.node} ({o.message})" for o in removal.outcomes]
+            waiting = [*(f"{n} (node not seen yet)" for n in unseen), *held]
             detail = f"; still held on {', '.join(waiting[:5])}" if waiting else ""
             raise kopf.TemporaryError(
-                f"waiting for {len(pods)} loader pods to unload{detail}", delay=3
+                f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
+
+
+def _loader_or_unloader(value: str | None, **_: Any) -> bool:
+    return value in (LOADER_COMPONENT, UNLOADER_COMPONENT)
+
+
+def _removal_module(body: Mapping[str, Any]) -> Module:
+    """The Module being deleted, for its removal plan (which reads only its name, loader
+    service account and pull secret): one that no longer validates is still unloaded."""
+    try:
+        return Module.model_validate(body)
+    except ValidationError:
+        spec = body.get("spec") or {}
+        loader = spec.get("moduleLoader") or {}
+        return Module.model_validate(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": body.get("metadata") or {},
+                "spec": {
+                    "selector": {},
+                    **(
+                        {"imageRepoSecret": spec["imageRepoSecret"]}
+                        if spec.get("imageRepoSecret")
+                        else {}
+                    ),
+                    "moduleLoader": {
+                        "serviceAccountName": loader.get("serviceAccountName"),
+                        "container": {
+                            "modprobe": {"moduleName": "unused"},
+                            "kernelMappings": [{"regexp": "^$", "containerImage": "unused"}],
+                        },
+                    },
+                },
+            }
+        )

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kmodkit.core.api import Module
+from kmodkit.core.api.common import Toleration
 from kmodkit.core.engine.kernel_mapping import resolve
 from kmodkit.core.engine.loader_plan import (
     Context,
@@ -20,16 +21,19 @@ from kmodkit.core.engine.loader_plan import (
     Update,
     decide,
     gated_on,
+    labels_follow_pods,
     max_unavailable,
     plan,
 )
 from kmodkit.core.engine.loader_pod import (
+    AGENT_CONFIG,
+    COMPONENT_LABEL,
     CONFIG_HASH,
-    KERNEL,
-    MODULE_VERSION,
+    MODULE_HASH,
     LoaderPod,
     LoaderSettings,
     loader_pod,
+    loader_pod_view,
 )
 from kmodkit.core.nodes import NodeView, Taint
 
@@ -77,19 +81,25 @@ def all_exist(m: Module, nodes: list[NodeView]) -> dict[str, ImageStatus]:
     return {i: ImageStatus(ImageState.EXISTS) for i in first.needed_images}
 
 
-def running(m: Module, n: NodeView, ready: bool = True, version: str = "") -> LoaderPod:
+def running(
+    m: Module, n: NodeView, ready: bool = True, version: str = "", **observed: Any
+) -> LoaderPod:
+    """The loader pod the engine makes for ``m`` on ``n``, as the cache sees it running."""
     resolved = resolve(m, n.kernel)
     assert not isinstance(resolved, type(None))
     pod = loader_pod(m, n, resolved, SETTINGS)  # type: ignore[arg-type]
-    ann = pod["metadata"]["annotations"]
-    return LoaderPod(
-        pod["metadata"]["name"],
-        n.name,
-        ann[CONFIG_HASH],
-        ann[KERNEL],
-        version or ann[MODULE_VERSION],
-        ready,
-    )
+    pod["metadata"] |= {"uid": f"uid-{pod['metadata']['name']}", "creationTimestamp": "t1"}
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    view = loader_pod_view(pod)
+    return replace(view, version=version or view.version, **observed)
+
+
+def legacy(name: str, node_name: str, kernel: str = K1, ready: bool = True) -> LoaderPod:
+    """A loader pod made before pods recorded their module: it unloads on SIGTERM."""
+    return LoaderPod(name, node_name, "h", kernel, "", ready, uid=f"uid-{name}")
 
 
 def outcome(p: LoaderPlan, name: str) -> Any:
@@ -103,10 +113,13 @@ def test_first_load_creates_one_pod_per_selected_node_with_the_resolved_image() 
     pods = {pod["spec"]["nodeName"]: pod for pod in p.create}
     assert sorted(pods) == ["a", "b"]
     assert pods["b"]["spec"]["initContainers"][0]["image"] == f"r.io/xe:{K2}"
-    assert (
-        "cp -R /opt/lib/modules/7.0.0-14-generic"
-        in pods["b"]["spec"]["initContainers"][0]["command"][2]
-    )
+    # No shell: the mapping's paths and the kernel string are arguments, never parsed.
+    assert pods["b"]["spec"]["initContainers"][0]["command"] == [
+        "cp",
+        "-R",
+        "/opt/lib/modules/7.0.0-14-generic/.",
+        "/staging/",
+    ]
     assert not p.node_labels  # nothing is ready yet, nothing to label
 
 
@@ -331,10 +344,10 @@ def test_only_a_working_pod_with_an_outdated_config_waits_for_the_budget() -> No
     old, new = module(), module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
     n = node("a", **{READY: ""})
     ctx = Context.of(new, all_exist(new, [n]), SETTINGS)
-    assert isinstance(decide(n, running(old, n), ctx), Update)
-    broken = decide(n, running(old, n, ready=False), ctx)
+    assert isinstance(decide(n, [running(old, n)], ctx), Update)
+    broken = decide(n, [running(old, n, ready=False)], ctx)
     assert isinstance(broken, NodeStep)
-    assert broken.delete == running(old, n).name and broken.labels == {READY: None}
+    assert broken.delete == (running(old, n).name,) and broken.labels == {READY: None}
     assert broken.outcome is not None and broken.outcome.reason == "Replacing"
 
 
@@ -342,18 +355,18 @@ def test_a_node_held_back_by_its_version_label_keeps_only_a_pod_on_its_kernel() 
     v1, v2 = module(version="v1"), module(version="v2")
     here = node("a", **{WANT: "v1", READY: "", VREADY: "v1"})
     ctx = Context.of(v2, all_exist(v2, [here]), SETTINGS)
-    kept = decide(here, running(v1, here), ctx)
+    kept = decide(here, [running(v1, here)], ctx)
     assert isinstance(kept, NodeStep)
-    assert (kept.delete, kept.labels) == (None, {})
+    assert (kept.delete, kept.labels) == ((), {})
     assert kept.outcome is not None and kept.outcome.reason == "AwaitingVersionLabel"
     rebooted = node("a", K2, **{WANT: "v1", READY: "", VREADY: "v1"})
-    gone = decide(rebooted, running(v1, here), ctx)
+    gone = decide(rebooted, [running(v1, here)], ctx)
     assert isinstance(gone, NodeStep)
-    assert (gone.delete, gone.labels) == (None, {READY: None, VREADY: None})
+    assert (gone.delete, gone.labels) == ((), {READY: None, VREADY: None})
     unlabelled = node("a", K2, **{WANT: "v1"})
     ctx = Context.of(v2, all_exist(v2, [here]), SETTINGS, {"a": []})
-    gone = decide(unlabelled, running(v1, here), ctx)
-    assert isinstance(gone, NodeStep) and gone.delete == running(v1, here).name
+    gone = decide(unlabelled, [running(v1, here)], ctx)
+    assert isinstance(gone, NodeStep) and gone.delete == (running(v1, here).name,)
 
 
 def test_a_retired_node_keeps_its_module_while_pods_gated_on_its_labels_remain() -> None:
@@ -378,9 +391,9 @@ def test_a_retired_node_keeps_its_module_while_pods_gated_on_its_labels_remain()
 def test_an_invalid_mapping_leaves_the_node_and_its_pod_alone() -> None:
     bad = module(kernelMappings=[{"literal": K1, "containerImage": "r.io/xe:${NOPE}"}])
     n = node("a", **{READY: ""})
-    step = decide(n, running(module(), n), Context.of(bad, {}, SETTINGS))
+    step = decide(n, [running(module(), n)], Context.of(bad, {}, SETTINGS))
     assert isinstance(step, NodeStep)
-    assert (step.delete, step.create, step.labels, step.image) == (None, None, {}, None)
+    assert (step.delete, step.create, step.labels, step.image) == ((), None, {}, None)
     assert step.outcome is not None and step.outcome.reason == "InvalidMapping"
 
 
@@ -395,3 +408,171 @@ def test_an_update_under_way_goes_on_before_a_new_one_takes_the_budget() -> None
     assert outcome(p, "a").reason == "UpdatePending"
     assert outcome(p, "z").reason == "WaitingForConsumers"
     assert p.awaiting_consumers == ["z"] and "a" not in p.node_labels
+
+
+def _unloader_of(p: LoaderPlan) -> dict[str, Any]:
+    (pod,) = [c for c in p.create if c["metadata"]["labels"][COMPONENT_LABEL] == "module-unloader"]
+    return pod
+
+
+def _observed(pod: dict[str, Any], phase: str = "Running", **status: Any) -> LoaderPod:
+    pod["metadata"] |= {"uid": f"uid-{pod['metadata']['name']}", "creationTimestamp": "t2"}
+    pod["status"] = {"phase": phase, **status}
+    return loader_pod_view(pod)
+
+
+def test_a_retired_node_is_unloaded_by_an_unloader_made_before_its_loader_goes() -> None:
+    m = module()
+    gone = node("a", **{"gpu": "amd"})
+    loader = running(m, node("a"))
+    p = plan(m, [gone], [loader], {}, SETTINGS, {"a": []})
+    unloader = _unloader_of(p)
+    assert p.delete == [loader.name]
+    assert unloader["spec"]["nodeName"] == "a"
+    assert unloader["spec"]["containers"][0]["command"][-2:] == ["unload", "--host-managed-ok"]
+    assert unloader["spec"]["tolerations"] == [{"operator": "Exists"}]
+    assert unloader["metadata"]["annotations"][AGENT_CONFIG] == loader.agent_config
+
+    # While it runs, it is the node's record: nothing is made or deleted.
+    running_unloader = _observed(unloader)
+    p = plan(m, [gone], [running_unloader], {}, SETTINGS, {"a": []})
+    assert (p.create, p.delete, p.outcomes) == ([], [], [])
+    # A failing unload is reported, naming what the agent said, and tried again.
+    busy = _observed(
+        unloader,
+        containerStatuses=[
+            {
+                "name": "agent",
+                "restartCount": 2,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {
+                    "terminated": {"exitCode": 3, "message": "held by pid 4242 (train.py)"}
+                },
+            }
+        ],
+    )
+    p = plan(m, [gone], [busy], {}, SETTINGS, {"a": []})
+    o = outcome(p, "a")
+    assert (o.phase, o.reason) == (Phase.FAILED, "UnloadFailed")
+    assert "pid 4242 (train.py)" in o.message and (p.create, p.delete) == ([], [])
+    # Only its success ends the node's record.
+    done = _observed(unloader, phase="Succeeded")
+    p = plan(m, [gone], [done], {}, SETTINGS, {"a": []})
+    assert p.delete == [done.name] and p.create == []
+
+
+def test_an_unloader_the_kubelet_gave_up_on_is_followed_by_another() -> None:
+    m = module()
+    gone = node("a", **{"gpu": "amd"})
+    p = plan(m, [gone], [running(m, node("a"))], {}, SETTINGS, {"a": []})
+    dead = _observed(_unloader_of(p), phase="Failed")
+    p = plan(m, [gone], [dead], {}, SETTINGS, {"a": []})
+    assert p.delete == [dead.name]
+    assert _unloader_of(p)["metadata"]["name"] != dead.name
+
+
+def test_an_update_makes_the_new_loader_pod_before_it_deletes_the_old_one() -> None:
+    old, new = module(), module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    n = node("a")  # its label went on an earlier pass
+    pod = running(old, n)
+    p = plan(new, [n], [pod], all_exist(new, [n]), SETTINGS, {"a": []})
+    (successor,) = p.create
+    assert p.delete == [pod.name] and successor["metadata"]["name"] != pod.name
+    assert successor["metadata"]["annotations"][MODULE_HASH] != pod.module_hash
+    # The successor then runs: the old pod is not brought back, nor kept.
+    both = [replace(pod, deleting=True), _observed(successor)]
+    p = plan(new, [n], both, all_exist(new, [n]), SETTINGS, {"a": []})
+    assert (p.create, p.delete, outcome(p, "a").reason) == ([], [], "Loading")
+
+
+def test_an_old_pod_that_unloads_on_sigterm_is_gone_before_its_successor_loads() -> None:
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    n = node("a")
+    old = legacy("xe-loader-a", "a")
+    p = plan(new, [n], [old], all_exist(new, [n]), SETTINGS, {"a": []})
+    assert (p.create, p.delete) == ([], [old.name])
+    p = plan(new, [n], [replace(old, deleting=True)], all_exist(new, [n]), SETTINGS)
+    assert (p.create, outcome(p, "a").reason) == ([], "Unloading")
+    assert len(plan(new, [n], [], all_exist(new, [n]), SETTINGS).create) == 1
+
+
+def test_a_pod_change_that_leaves_the_module_alone_keeps_it_loaded_and_labelled() -> None:
+    before = module()
+    after = module(rollout={"maxUnavailable": 1})
+    after.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    nodes = [node(x, **{READY: ""}) for x in "abc"]
+    pods = [running(before, n) for n in nodes]
+    assert pods[0].module_hash == running(after, nodes[0]).module_hash
+    assert pods[0].config_hash != running(after, nodes[0]).config_hash
+
+    p = plan(after, nodes, pods, all_exist(after, nodes), SETTINGS)
+    # One new pod (the budget), nothing deleted and no label touched.
+    (successor,) = p.create
+    assert (p.delete, p.node_labels) == ([], {})
+    assert sorted(o.reason for o in p.outcomes) == [
+        "RefreshPending",
+        "RefreshPending",
+        "Refreshing",
+    ]
+    # While the new pod starts, the old one keeps the label; once it serves, the old one goes.
+    fresh = _observed(successor)
+    here = next(n for n in nodes if n.name == successor["spec"]["nodeName"])
+    mine = [pods[nodes.index(here)], fresh]
+    p = plan(after, [here], mine, all_exist(after, [here]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels) == ([], [], {})
+    assert outcome(p, here.name).reason == "Refreshing"
+    ready = replace(fresh, ready=True)
+    p = plan(after, [here], [mine[0], ready], all_exist(after, [here]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels) == ([], [mine[0].name], {})
+
+
+def test_an_old_pod_is_never_renewed_only_because_the_pod_changed() -> None:
+    # It would unload on SIGTERM: a new agent image is no reason to reload the driver.
+    m = module()
+    n = node("a", **{READY: ""})
+    pod = running(m, n, leaves_loaded=False, config_hash="from-an-older-operator")
+    p = plan(m, [n], [pod], all_exist(m, [n]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels, outcome(p, "a").reason) == ([], [], {}, "Loaded")
+
+
+def test_a_loader_pod_the_kubelet_gave_up_on_is_replaced_by_one_that_adopts_the_module() -> None:
+    # Graceful node shutdown, eviction, admission refusal: the pod ends Failed with
+    # the current config; the module it loaded may still be there.
+    m = module()
+    n = node("a", **{READY: ""})
+    failed = running(m, n, ready=False, phase="Failed")
+    p = plan(m, [n], [failed], all_exist(m, [n]), SETTINGS)
+    (successor,) = p.create
+    assert p.delete == [failed.name] and successor["metadata"]["name"] != failed.name
+    assert p.node_labels == {"a": {READY: None}}
+
+
+def test_labels_follow_the_pods_while_the_spec_cannot_be_planned() -> None:
+    n = node("a", **{READY: ""})
+    broken_pod = running(module(), n, ready=False)
+    bad_mapping = module(kernelMappings=[{"literal": K1, "containerImage": "r.io/xe:${NOPE}"}])
+    raw_args = module(modprobe={"rawArgs": {"load": ["xe"], "unload": ["-r", "xe"]}})
+    for m in (bad_mapping, raw_args):
+        p = plan(m, [n], [broken_pod], {}, SETTINGS)
+        assert (p.node_labels, p.create, p.delete) == ({"a": {READY: None}}, [], [])
+    assert labels_follow_pods(NS, NAME, [n], [broken_pod]) == {"a": {READY: None}}
+    healthy = node("b")
+    assert labels_follow_pods(NS, NAME, [healthy], [running(module(), healthy)]) == {
+        "b": {READY: ""}
+    }
+
+
+def test_a_pod_from_before_pods_recorded_their_module_is_not_reloaded() -> None:
+    m = module()
+    n = node("a", **{READY: ""})
+    pod = loader_pod(m, n, resolve(m, K1), SETTINGS)  # type: ignore[arg-type]
+    ann = pod["metadata"]["annotations"]
+    wanted = ann.pop(MODULE_HASH)
+    ann[AGENT_CONFIG] = ann[AGENT_CONFIG].replace(
+        "unloadOnTerminate: false", "unloadOnTerminate: true"
+    )
+    ann[CONFIG_HASH] = "from-an-older-operator"
+    old = _observed(pod, conditions=[{"type": "Ready", "status": "True"}])
+    assert (old.module_hash, old.leaves_loaded) == (wanted, False)
+    p = plan(m, [n], [old], all_exist(m, [n]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels) == ([], [], {})

@@ -27,6 +27,7 @@ from kmodkit.core.engine.loader_pod import (
     CONFIG_HASH,
     FIRMWARE_STAGING,
     KERNEL,
+    MODULE_HASH,
     STAGING,
     LoaderPod,
     LoaderSettings,
@@ -110,7 +111,7 @@ modprobe:
   - drm_gpuvm
   parameters:
   - enable_guc=3
-unloadOnTerminate: true
+unloadOnTerminate: false
 """,
     ("kmodkit", "builtin-fw", KERNELS[1]): """\
 dkmsModules: []
@@ -132,7 +133,7 @@ modprobe:
   - drm_gpuvm
   parameters:
   - enable_guc=3
-unloadOnTerminate: true
+unloadOnTerminate: false
 """,
     ("minimal", "default", KERNELS[2]): """\
 dkmsModules: []
@@ -141,151 +142,152 @@ inTreeModulesToRemove: []
 modprobe:
   dirName: /kmod/opt
   moduleName: mod
-unloadOnTerminate: true
+unloadOnTerminate: false
 """,
 }
 
-# Config hashes per (Module, settings), in KERNELS order.
+# Config hashes per (Module, settings), in KERNELS order: a change here gives every
+# node a new loader pod (which adopts the loaded module).
 PINNED_HASHES = {
     ("container-image-port-no-tag", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("container-image-port-no-tag", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("kmm", "builtin-fw"): (
-        "8676844afcad5edd9faa99e15d9dc03f",
-        "82e52207536b1d8fea03e95e5b97b318",
-        "6f8ccce3c7efdf73489739a8c727c4bb",
+        "cf9c51753f04b90cd49937b4db54eb76",
+        "f995067ff845b75d18a2e8f626d22100",
+        "78385158a15de0948c92206cc0d1085a",
     ),
     ("kmm", "default"): (
-        "7964747d31a3372cee097442c18cd4ab",
-        "bc3b960ee92363c08632a0e835f48a90",
-        "659d037184c83b8d05fe218cfbf3a284",
+        "564966f3c6bbd33f748114e006376431",
+        "4f100e83d3a3ec3de3ed2e6aa9877e75",
+        "4160f1ade0ceb347e12d705a2e82e7ba",
     ),
     ("kmodkit", "builtin-fw"): (
-        "8676844afcad5edd9faa99e15d9dc03f",
-        "82e52207536b1d8fea03e95e5b97b318",
-        "6f8ccce3c7efdf73489739a8c727c4bb",
+        "cf9c51753f04b90cd49937b4db54eb76",
+        "f995067ff845b75d18a2e8f626d22100",
+        "78385158a15de0948c92206cc0d1085a",
     ),
     ("kmodkit", "default"): (
-        "7964747d31a3372cee097442c18cd4ab",
-        "bc3b960ee92363c08632a0e835f48a90",
-        "659d037184c83b8d05fe218cfbf3a284",
+        "564966f3c6bbd33f748114e006376431",
+        "4f100e83d3a3ec3de3ed2e6aa9877e75",
+        "4160f1ade0ceb347e12d705a2e82e7ba",
     ),
     ("max-unavailable-over-100-percent", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("max-unavailable-over-100-percent", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("max-unavailable-zero", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("max-unavailable-zero", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("minimal-full", "builtin-fw"): (
-        "b0c9ef5d3a2e732ab063dda6d89f4210",
-        "139a4b9d5ad809ebafc7734394bc1904",
-        "a379fce730e755de7f1bfc60dc79ca25",
+        "ba84fe150227bc0061c5d6a023037b48",
+        "d445b3631a5b8a2b38addc6c9cda229f",
+        "4b1b8eed1f5f0936e4b5f9ea425fbd32",
     ),
     ("minimal-full", "default"): (
-        "c2748b0c42f6fc4de944984a2522a3a5",
-        "ce947904a32444815b98cc9576bdd9e8",
-        "d2392234367420e70dd95187aaa89744",
+        "c9cc862f0b144778e795e19b084b8856",
+        "42d0177c37b3ad08d8eff83a5c543187",
+        "2b75015c5c19817e97d9e75cace459c0",
     ),
     ("minimal", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("minimal", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("name-and-namespace-too-long", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("name-and-namespace-too-long", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("name-not-dns", "builtin-fw"): (
-        "bccb9cdccf43a4af3b588bb14cdf0c9b",
-        "fe1434b03f9ae203b58146315b6df5e2",
-        "f2d3f883bab6fe2c2594b5615d6d0c25",
+        "8f1030319bb0242d35b8c658e90f6ca8",
+        "3a562135cb222b29ee8e7369f33e0171",
+        "3b0d2e938fed6c367f4b4231aa0030a3",
     ),
     ("name-not-dns", "default"): (
-        "682bb51f3a6a51c5288dfbeb66c6de8d",
-        "53f4d8642b4c9a04e59d175bb566f772",
-        "3c4122141b9ceddb8bd4846aafcabcdd",
+        "0c1158a4d262477e525462160bc701b5",
+        "7fd1b40f1b3c6b685fead2849a207d70",
+        "5e1667812019d2ac70258113a34b2b25",
     ),
     ("toleration-bad-key", "builtin-fw"): (
-        "bfad66dd961bccb16b3ce8a6a03f1c17",
-        "326194568e8665a6b78193e67bc2d2c2",
-        "f4e809594601347533628be6a5d445cb",
+        "adad9b76d32c00379a848ef9231376e1",
+        "c32164eed3ff2e9f5e9c9aceb6f4e515",
+        "78bcffade773d641f81b79afe9fbe7c3",
     ),
     ("toleration-bad-key", "default"): (
-        "0cc2af5b897ee6663c53321821d01ba3",
-        "f9dc6ea8c2e1cf9c753b7183d084b777",
-        "d232a027b46de47b3a78d6f420701691",
+        "5a1ecf4f0e4db783a43d9c4ccb0716b1",
+        "be298249db23844d40acd396b9ccf89c",
+        "134d7ccd6b06e2d2bb5a9130d659734c",
     ),
     ("toleration-bad-value", "builtin-fw"): (
-        "f0e39b3f484af7c760d4e757c8413271",
-        "d9e1df6e04bb049e2ec3d0b9d104e36d",
-        "ac5418ee266d7bf1fca9b82889464473",
+        "9d342a6f032867cd461dcd372cd200fd",
+        "ab68f98d42523c0a29f5a2f5daee9db7",
+        "cdfa72ce26ea0baaa5a46106950d9be8",
     ),
     ("toleration-bad-value", "default"): (
-        "6cd2fe7b32cd030a464651b388c67db7",
-        "8b9e91efb72d213f5272a614408aba4d",
-        "9c666a47ac7ccaa8139c50285ba80846",
+        "4f5a44bcd13d0a33ba8ff7e83d1ccaa2",
+        "809d44606dc0b32008c16441c060f53f",
+        "ca08d8f4e6e0c28cdcba9f9eea6b5dbd",
     ),
     ("toleration-empty-key-equal", "builtin-fw"): (
-        "4af9f22412700d19b6630210d6ef8097",
-        "0b3fdd99d21359b88d29f5dfbee445ac",
-        "0fcb376915c2943b52df640d509b2904",
+        "c41d3c4d3c6a9cde5dab355480dda93c",
+        "81dd6116b78975acd73eda76f7ab105e",
+        "ac621a1e58edfa9a80e06a36cff91469",
     ),
     ("toleration-empty-key-equal", "default"): (
-        "306b789de37db0012d50ebe9683689b0",
-        "7f68c0a82598e59bb28c7ddf7443da36",
-        "7ee697f661365375c591ae0b0e6f1dee",
+        "1a79d5ed04fbfa093d28a30b4635280d",
+        "052947dfcc5908700d145548b5aa3c03",
+        "8d2cc8a1f670933810f4ca0047274672",
     ),
     ("toleration-exists-with-value", "builtin-fw"): (
-        "2e3e138035cff6522db41d045e59b6ef",
-        "5014ba511257e567eddf49f13e799598",
-        "5fba80a9c78b0ceaff8d1937ea21ae0e",
+        "c720ef1ee716574a864970dac90241fd",
+        "5a7778ab78d2b060b85dba209106bd8f",
+        "5558ca830f68dfe43ef58bff0487f022",
     ),
     ("toleration-exists-with-value", "default"): (
-        "5e4888b5bd95901e93d4d3c4c268d435",
-        "0f56d111596b62b7e31318c3bd299170",
-        "15720e5431844f82f2c854e19cf7ec33",
+        "5a910932603fb7e501ea2261aa639919",
+        "520d00ab3b426e263fdbe0047ff40c07",
+        "bc9aca0564df3e7e124dccd2540cda61",
     ),
     ("toleration-seconds-without-noexecute", "builtin-fw"): (
-        "56139814be64194e017746dd74b0bbc8",
-        "817d60597bf4e6a51f2cf4276b36e7aa",
-        "186180cda3edc3920db5b40f10bfe630",
+        "78f5e7ef3d8ab06728c8d673485c7a81",
+        "497f654bf6adfd2d139badf0c6fc2982",
+        "555d9e27dc6e61d4f5dc9b869b4d6c54",
     ),
     ("toleration-seconds-without-noexecute", "default"): (
-        "54dc3bacddca4c8f14f0c3f9e807ac09",
-        "4ea850107729dbf1feb0441d49ae3c5a",
-        "d75de37c8aecaf4f1d21e4fb09858319",
+        "8182fe8241e609c02ae98891886c024a",
+        "4d0dc6cda5c2c71d6e94aed93a4d5816",
+        "0fa22e8834cc2ae5247038c170eafd03",
     ),
 }
 
@@ -344,12 +346,163 @@ def test_agent_yaml_is_pinned_byte_for_byte(key: str, settings: str, kernel: str
     assert agent_yaml(pod) == PINNED_YAML[key, settings, kernel]
 
 
+PINNED_MODULE_HASHES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("container-image-port-no-tag", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("container-image-port-no-tag", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("kmm", "builtin-fw"): (
+        "1663c395c01ca3026b6d029b278fd64f",
+        "4002ade63440bf2ca9e1766f24f25888",
+        "dba71550e30067e579ea17aed78cd544",
+    ),
+    ("kmm", "default"): (
+        "fe75539e28197498b15e4a785e93da8e",
+        "e8487e3b2d3947153fc19826eea1fab3",
+        "20c04d7d026e37f8841946f2e764b07a",
+    ),
+    ("kmodkit", "builtin-fw"): (
+        "1663c395c01ca3026b6d029b278fd64f",
+        "4002ade63440bf2ca9e1766f24f25888",
+        "dba71550e30067e579ea17aed78cd544",
+    ),
+    ("kmodkit", "default"): (
+        "fe75539e28197498b15e4a785e93da8e",
+        "e8487e3b2d3947153fc19826eea1fab3",
+        "20c04d7d026e37f8841946f2e764b07a",
+    ),
+    ("max-unavailable-over-100-percent", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("max-unavailable-over-100-percent", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("max-unavailable-zero", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("max-unavailable-zero", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("minimal-full", "builtin-fw"): (
+        "37bbbc49521777774584753a1801cf9f",
+        "b85e11e38bea1a152d970e8db44ff63a",
+        "069f6d92d5d3464339e4c95e8d3d1efa",
+    ),
+    ("minimal-full", "default"): (
+        "05c94c9a9afb73a25d81bb1c27e675c9",
+        "6fd8c4f8f62a375c215286bea0fd5a4c",
+        "b8767780b625e4240794e75f64a25217",
+    ),
+    ("minimal", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("minimal", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("name-and-namespace-too-long", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("name-and-namespace-too-long", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("name-not-dns", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("name-not-dns", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("toleration-bad-key", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("toleration-bad-key", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("toleration-bad-value", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("toleration-bad-value", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("toleration-empty-key-equal", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("toleration-empty-key-equal", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("toleration-exists-with-value", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("toleration-exists-with-value", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+    ("toleration-seconds-without-noexecute", "builtin-fw"): (
+        "cd172ebd972d4d9d70298d37b3ad22c8",
+        "102a395c814e0c9ef52f5dac538f007d",
+        "e0df39660612ecd42f2fd2875a1de683",
+    ),
+    ("toleration-seconds-without-noexecute", "default"): (
+        "9b236a076d904457e1aa6772c31241e6",
+        "5de71908146380e5f8e99a7c57d2b654",
+        "417050ad3ddcc23e58d70c45e96a7bf6",
+    ),
+}
+
+
 @pytest.mark.parametrize(("key", "settings"), list(PINNED_HASHES))
 def test_config_hash_is_pinned(key: str, settings: str) -> None:
     pods = loader_pods(key, settings)
     assert [p["metadata"]["annotations"][KERNEL] for p in pods] == list(KERNELS)
     hashes = tuple(p["metadata"]["annotations"][CONFIG_HASH] for p in pods)
     assert hashes == PINNED_HASHES[key, settings]
+
+
+@pytest.mark.parametrize(("key", "settings"), list(PINNED_MODULE_HASHES))
+def test_module_hash_is_pinned(key: str, settings: str) -> None:
+    """A change here reloads the driver on every node an operator upgrade reaches."""
+    hashes = tuple(p["metadata"]["annotations"][MODULE_HASH] for p in loader_pods(key, settings))
+    assert hashes == PINNED_MODULE_HASHES[key, settings]
 
 
 def test_every_module_that_loads_is_pinned() -> None:
@@ -392,7 +545,8 @@ def test_each_loader_pod_config_validates_and_says_what_the_module_says(
         )
         # A KMM version is an admin's label, not MODULE_VERSION; no DKMS, no node build.
         assert (config.version, config.dkms_names, config.build) == (None, [], None)
-        assert config.unload_on_terminate
+        # Deleting a loader pod never unloads: only an unloader pod does.
+        assert not config.unload_on_terminate
 
 
 def test_the_modules_checked_reach_every_config_setting() -> None:
@@ -412,8 +566,10 @@ def test_a_module_the_agent_would_refuse_gets_a_node_failure_not_a_loader_pod(
     old = LoaderPod("mod-loader-n0", "n0", "old-hash", KERNELS[0], "", ready=True)
     result = first_load(module, SETTINGS["default"], [old])
     assert not result.create and not result.needed_images
-    # Whatever runs there stays, as with any spec the engine cannot apply.
-    assert not result.delete and not result.node_labels
+    # Whatever runs there stays, as with any spec the engine cannot apply, and
+    # the ready label says what is true of it.
+    assert not result.delete
+    assert result.node_labels == {"n0": {labels.READY.key("ns", "mod"): ""}}
     assert {(o.phase, o.reason) for o in result.outcomes} == {(Phase.FAILED, "InvalidAgentConfig")}
     assert all(
         o.message.startswith("spec.moduleLoader.container.modprobe") and why in o.message

@@ -1,13 +1,15 @@
 """Deleting a Module unloads only nodes whose readiness labels it has taken away.
 
 The Kube here is a stand-in that records the calls the controller makes (no API
-server): these tests pin the controller's decision of what to unlabel and
-delete on a node cache that is still filling, not the API's behaviour.
+server), and the tests play the watch by updating the node cache: these tests
+pin the controller's decision of what to unlabel, create and delete on a node
+cache that is still filling, not the API's behaviour.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -15,20 +17,41 @@ import pytest
 
 from kmodkit.core import labels
 from kmodkit.core.engine.build_plan import BuildSettings
-from kmodkit.core.engine.loader_pod import LoaderPod, LoaderSettings
+from kmodkit.core.engine.loader_pod import (
+    COMPONENT_LABEL,
+    UNLOADER_COMPONENT,
+    LoaderPod,
+    LoaderSettings,
+    loader_pod_view,
+)
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import Shared
 
 NS, NAME, KERNEL = "drivers", "xe", "6.8.0-45-generic"
 READY = labels.READY.key(NS, NAME)
+BODY = {
+    "apiVersion": "kmodkit.io/v1alpha1",
+    "kind": "Module",
+    "metadata": {"name": NAME, "namespace": NS, "uid": "module-uid"},
+    "spec": {
+        "selector": {},
+        "moduleLoader": {
+            "container": {
+                "modprobe": {"moduleName": "xe"},
+                "kernelMappings": [{"regexp": ".*", "containerImage": "r.io/xe:1"}],
+            }
+        },
+    },
+}
 
 
 class RecordingKube:
-    """Stand-in for kmodkit.core.runtime.kube.Kube: records label and delete calls."""
+    """Stand-in for kmodkit.core.runtime.kube.Kube: records what the controller writes."""
 
     def __init__(self) -> None:
         self.labelled: list[tuple[str, dict[str, str | None]]] = []
+        self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
 
     def label_node(self, node: str, change: Mapping[str, str | None]) -> None:
@@ -37,8 +60,14 @@ class RecordingKube:
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return []
 
+    def create(self, obj: Mapping[str, Any]) -> None:
+        self.created.append(dict(obj))
+
     def delete_pod(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
+
+    def event(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 def _controller(kube: RecordingKube, seen: list[str]) -> ModuleController:
@@ -53,21 +82,55 @@ def _controller(kube: RecordingKube, seen: list[str]) -> ModuleController:
 
 
 def _pod(node: str) -> LoaderPod:
-    return LoaderPod(f"{NAME}-loader-{node}", node, "hash", KERNEL, "", ready=True)
+    return LoaderPod(
+        f"{NAME}-loader-{node}", node, "hash", KERNEL, "", ready=True, leaves_loaded=True
+    )
+
+
+def _labels_gone(controller: ModuleController) -> None:
+    """What the node watch reports once the label removals land."""
+    for name, view in list(controller.nodes.items()):
+        controller.nodes[name] = replace(view, labels={})
+
+
+def _unloaders(kube: RecordingKube) -> list[str]:
+    return sorted(
+        p["spec"]["nodeName"]
+        for p in kube.created
+        if p["metadata"]["labels"][COMPONENT_LABEL] == UNLOADER_COMPONENT
+    )
 
 
 def test_a_pod_on_a_node_not_seen_yet_is_kept_until_the_node_is_seen() -> None:
     kube = RecordingKube()
     controller = _controller(kube, seen=["a"])
+    pods = [_pod("a"), _pod("b")]
     with pytest.raises(kopf.TemporaryError, match=r"b \(node not seen yet\)"):
-        controller.finalize(NS, NAME, [_pod("a"), _pod("b")])
+        controller.finalize(BODY, pods)
+    # The label goes first; nothing unloads on that pass.
     assert kube.labelled == [("a", {READY: None})]
-    assert kube.deleted == [f"{NAME}-loader-a"]
+    assert (kube.created, kube.deleted) == ([], [])
+
+    _labels_gone(controller)
+    with pytest.raises(kopf.TemporaryError, match=r"b \(node not seen yet\)"):
+        controller.finalize(BODY, pods)
+    assert _unloaders(kube) == ["a"] and kube.deleted == [f"{NAME}-loader-a"]
 
 
-def test_once_every_node_is_seen_every_pod_is_unloaded() -> None:
+def test_the_finalizer_stays_until_every_unloader_has_succeeded() -> None:
     kube = RecordingKube()
     controller = _controller(kube, seen=["a", "b"])
-    with pytest.raises(kopf.TemporaryError, match="waiting for 2 loader pods"):
-        controller.finalize(NS, NAME, [_pod("a"), _pod("b")])
+    _labels_gone(controller)
+    with pytest.raises(kopf.TemporaryError, match="waiting for 2 nodes"):
+        controller.finalize(BODY, [_pod("a"), _pod("b")])
+    assert _unloaders(kube) == ["a", "b"]
     assert sorted(kube.deleted) == [f"{NAME}-loader-a", f"{NAME}-loader-b"]
+
+    unloaders = [loader_pod_view({**p, "status": {"phase": "Running"}}) for p in kube.created]
+    with pytest.raises(kopf.TemporaryError, match="waiting for 2 nodes"):
+        controller.finalize(BODY, unloaders)
+    done = [replace(unloaders[0], phase="Succeeded"), unloaders[1]]
+    with pytest.raises(kopf.TemporaryError, match="waiting for 2 nodes"):
+        controller.finalize(BODY, done)
+    assert kube.deleted[-1] == unloaders[0].name
+    controller.finalize(BODY, [])  # nothing left: the finalizer goes
