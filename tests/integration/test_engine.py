@@ -578,3 +578,114 @@ def test_a_retired_node_keeps_its_module_until_gated_pods_leave(
     finally:
         core.patch_node(node, {"spec": {"taints": None}})
     _delete_and_wait_unload(kube_api, namespace, "ret")
+
+
+def test_a_failed_unload_keeps_the_finalizer_and_names_the_holder(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+) -> None:
+    """Deleting a Module unloads through an unloader pod, and only its success lets
+    the Module go. The node here is not kwok's: the test plays its kubelet (a
+    stand-in), marking the loader pod ready, finishing deletions, and reporting the
+    unloader's first try as a kubelet reports a container that exited with a
+    termination message (the agent's: who holds the device), then its success."""
+    core = client.CoreV1Api(kube_api)
+    tag = uuid.uuid4().hex[:6]
+    node = f"hand-{tag}"
+    manifest = node_manifest(node, PUSHED, {"engine-test": tag})
+    manifest["metadata"]["annotations"] = {}
+    core.create_node(manifest)
+    try:
+        core.patch_node_status(
+            node, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        )
+        ready = _apply_simple(
+            kube_api, namespace, oci_registry, tag, "uf", f"{oci_registry.host}/kmods/uf:1"
+        )
+        wait_until(lambda: node in _pods(kube_api, namespace), "a loader pod")
+        loader = _pods(kube_api, namespace)[node].metadata.name
+        _set_pod_ready(kube_api, namespace, loader, True)
+        wait_until(lambda: ready in _labels(kube_api, node), "the ready label")
+
+        client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "uf"
+        )
+        unloader = wait_until(lambda: _unloader(kube_api, namespace, node), "an unloader pod")
+        assert ready not in _labels(kube_api, node), "unloading while still labelled"
+        wait_until(
+            lambda: _pods(kube_api, namespace)[node].metadata.deletion_timestamp is not None,
+            "the loader pod to be deleted once the unloader exists",
+        )
+        core.delete_namespaced_pod(loader, namespace, grace_period_seconds=0)
+
+        held = "refusing to unload: xe has 1 open reference(s) held by pid 4242 (train.py)"
+        core.patch_namespaced_pod_status(unloader, namespace, {"status": _crash_looping(held)})
+        wait_until(
+            lambda: any(
+                e.reason == "UnloadFailed" and e.type == "Warning" and "pid 4242" in e.message
+                for e in core.list_namespaced_event(
+                    namespace, field_selector="involvedObject.name=uf"
+                ).items
+            ),
+            "a Warning naming the holder",
+        )
+        threading.Event().wait(5)  # several passes: the finalizer must hold
+        assert _module_exists(kube_api, namespace, "uf"), "released with the module loaded"
+
+        core.patch_namespaced_pod_status(unloader, namespace, {"status": {"phase": "Succeeded"}})
+        # A finished pod is deleted at once, with no kubelet to wait for.
+        wait_until(lambda: _gone(kube_api, namespace, unloader), "the unloader to be cleaned up")
+        wait_until(lambda: not _module_exists(kube_api, namespace, "uf"), "the finalizer to go")
+    finally:
+        core.delete_node(node)
+
+
+def _unloader(kube_api: Any, namespace: str, node: str) -> str | None:
+    items = (
+        client.CoreV1Api(kube_api)
+        .list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=module-unloader"
+        )
+        .items
+    )
+    return next((p.metadata.name for p in items if p.spec.node_name == node), None)
+
+
+def _gone(kube_api: Any, namespace: str, pod: str) -> bool:
+    try:
+        client.CoreV1Api(kube_api).read_namespaced_pod(pod, namespace)
+    except ApiException as e:
+        return e.status == 404
+    return False
+
+
+def _module_exists(kube_api: Any, namespace: str, name: str) -> bool:
+    try:
+        client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+def _crash_looping(message: str) -> dict[str, Any]:
+    """A pod status as the kubelet reports a container that exited with ``message``."""
+    return {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "agent",
+                "image": "registry.invalid/kmodkit/agent:test",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+                "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": message}},
+            }
+        ],
+    }
