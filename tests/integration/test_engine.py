@@ -689,3 +689,128 @@ def _crash_looping(message: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _build_module(name: str, tag: str, reg: Registry, image: str) -> dict[str, Any]:
+    """A Module whose only mapping (the b nodes' kernel) builds ``image``."""
+    body = _simple_module(name, tag, reg, image)
+    body["spec"]["moduleLoader"]["container"]["kernelMappings"] = [
+        {
+            "literal": BUILT,
+            "containerImage": image,
+            "build": {"dockerfileConfigMap": {"name": f"{name}-build"}},
+        }
+    ]
+    return body
+
+
+def _start_build_module(
+    kube_api: Any, namespace: str, reg: Registry, tag: str, name: str
+) -> tuple[str, str]:
+    """Create ``name`` building a fresh image; returns the image and the readiness label."""
+    image = f"{reg.host}/kmods/{name}-{uuid.uuid4().hex[:6]}:1"
+    _secret(kube_api, namespace, reg)
+    core: Any = client.CoreV1Api(kube_api)
+    core.create_namespaced_config_map(
+        namespace,
+        {"metadata": {"name": f"{name}-build"}, "data": {"dockerfile": "FROM scratch\n"}},
+    )
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _build_module(name, tag, reg, image)
+    )
+    return image, f"kmm.node.kubernetes.io/{namespace}.{name}.ready"
+
+
+def _build_jobs(kube_api: Any, namespace: str) -> dict[str, Any]:
+    """Build Jobs by their attempt annotation."""
+    batch: Any = client.BatchV1Api(kube_api)
+    items = batch.list_namespaced_job(namespace).items
+    return {j.metadata.annotations.get("kmodkit.io/build-attempt"): j for j in items}
+
+
+def _event_reasons(kube_api: Any, namespace: str, about: str) -> list[str]:
+    core: Any = client.CoreV1Api(kube_api)
+    items = core.list_namespaced_event(namespace).items
+    return sorted(e.reason for e in items if e.reason.startswith("Build") and about in e.message)
+
+
+def test_a_build_posts_each_event_once_and_records_them_on_its_job(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    tag, names = fleet
+    b_nodes = [n for n in names if "-b-" in n]
+    builder = Builder(kube_api, namespace, oci_registry)
+    try:
+        _image, ready = _start_build_module(kube_api, namespace, oci_registry, tag, "bev")
+        wait_until(
+            lambda: _all_labelled(kube_api, b_nodes, ready), "the built image loaded", timeout=90
+        )
+    finally:
+        builder.stop()
+    job = _build_jobs(kube_api, namespace)["1"]
+    name = job.metadata.name
+
+    def reported() -> str:
+        batch: Any = client.BatchV1Api(kube_api)
+        read = batch.read_namespaced_job(name, namespace)
+        return str((read.metadata.annotations or {}).get("kmodkit.io/build-reported", ""))
+
+    wait_until(lambda: reported() == "started,succeeded", "the build events recorded on the Job")
+    # A later pass (the trigger bump makes one, and status says when it ran) finds
+    # the image there, builds nothing and repeats no event.
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "bev", {"spec": {"imageRebuildTriggerGeneration": 1}}
+    )
+    wait_until(
+        lambda: _status(kube_api, namespace, "bev").get("imageRebuildTriggerGeneration") == 1,
+        "the rebuild trigger echoed in status",
+    )
+    assert list(_build_jobs(kube_api, namespace)) == ["1"]
+    assert _event_reasons(kube_api, namespace, name) == [
+        "BuildCreated",
+        "BuildStarted",
+        "BuildSucceeded",
+    ]
+    _delete_and_wait_unload(kube_api, namespace, "bev")
+
+
+def test_a_bumped_rebuild_trigger_retries_a_failed_build_without_its_back_off(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    tag, _names = fleet
+    # Nobody pushes: kwok completes the build pod, and 60 s later the missing
+    # image makes it a failed build, to be retried after a 30 s back-off.
+    image, _ready = _start_build_module(kube_api, namespace, oci_registry, tag, "btr")
+    first: Any = wait_until(
+        lambda: _build_jobs(kube_api, namespace).get("1"), "the first build Job"
+    )
+    wait_until(
+        lambda: "BuildFailed" in _event_reasons(kube_api, namespace, first.metadata.name),
+        "the first build reported failed",
+        timeout=120,
+    )
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "btr", {"spec": {"imageRebuildTriggerGeneration": 1}}
+    )
+    second: Any = wait_until(lambda: _build_jobs(kube_api, namespace).get("2"), "the retry")
+    # Made for the bumped trigger (the back-off's own retry would carry none), and its
+    # own back-off starts from the first step.
+    annotations = second.metadata.annotations
+    assert annotations["kmodkit.io/rebuild-trigger"] == "1"
+    assert annotations["kmodkit.io/build-retry"] == "0"
+    assert annotations["kmodkit.io/image"] == image
+    wait_until(
+        lambda: _status(kube_api, namespace, "btr").get("imageRebuildTriggerGeneration") == 1,
+        "the rebuild trigger echoed in status",
+    )
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "btr"
+    )

@@ -221,6 +221,9 @@ def module_statuses() -> Statuses:
         "first load": module_status(body, loader_plan(m, [a, b], [], images, loader.SETTINGS)),
         "all loaded": first,
         "all loaded, again": module_status({**body, "status": first}, loaded),
+        "rebuild triggered": module_status(
+            {**body, "spec": {**body["spec"], "imageRebuildTriggerGeneration": 2}}, loaded
+        ),
         "nodes failing and building": module_status(body, failing),
         "more failures than listed": module_status(
             body, loader_plan(m, fleet, [], {}, loader.SETTINGS)

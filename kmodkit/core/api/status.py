@@ -74,3 +74,6 @@ class ModuleStatus(KubeModel):
     module_loader: ModuleLoaderStatus | None = None
     node_failures: list[NodeFailure] | None = Field(default=None, max_length=MAX_NODE_FAILURES)
     """Nodes where loading failed, at most 50; the Degraded condition counts them all."""
+    image_rebuild_trigger_generation: int | None = Field(default=None, ge=0)
+    """The spec.imageRebuildTriggerGeneration the engine last acted on (as KMM's status field):
+    images re-checked with their registry and failed builds retried without back-off."""

@@ -86,6 +86,9 @@ def render_module(
         nodes,
         answers,
         [],
+        # No cluster to read the Dockerfile ConfigMap from: the Job mounts it by
+        # name all the same; only its inputs digest is of an empty Dockerfile.
+        lambda _config_map: "",
         BuildSettings(builder_image=BUILDER_IMAGE),
         now=0.0,
     )

@@ -6,12 +6,18 @@ build is a Job pinned to a node that runs the image's kernel and architecture;
 a failure is retried after an exponentially growing pause, each attempt a new
 Job whose name carries the attempt number, so the retry count survives an
 operator restart. The newest Job of an image decides its state.
+
+Each Job records what it was made from (a digest of the Dockerfile text and
+kaniko's arguments and volumes) and the imageRebuildTriggerGeneration it was
+made under. A running build whose inputs changed is replaced; a failed one is
+retried at once, without back-off, when its inputs or the trigger changed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +34,16 @@ from kmodkit.core.nodes import NodeView, selector_matches
 BUILD_COMPONENT = "module-build"
 IMAGE_ANNOTATION = f"{labels.KMODKIT_PREFIX}/image"
 ATTEMPT_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-attempt"
+INPUTS_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-inputs"
+"""A digest of what the build reads: the Dockerfile text, kaniko's arguments and volumes."""
+TRIGGER_ANNOTATION = f"{labels.KMODKIT_PREFIX}/rebuild-trigger"
+"""The spec.imageRebuildTriggerGeneration the Job was made under (absent: none was set)."""
+RETRY_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-retry"
+"""How many failed Jobs of the same inputs and trigger came just before: the back-off step."""
+REPORTED_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-reported"
+"""The build events already posted about the Job, comma-separated."""
+DOCKERFILE_KEY = "dockerfile"
+STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
 # How long a finished build may take to show up in the registry.
 PUSH_GRACE_SECONDS = 60.0
 MAX_CANDIDATE_NODES = 50
@@ -39,6 +55,8 @@ class BuildSettings:
     backoff_base_seconds: float = 30.0
     backoff_max_seconds: float = 900.0
     deadline_seconds: int = 3600
+    input_recheck_seconds: float = 30.0
+    """How often a running build's Dockerfile is read again (nothing watches ConfigMaps)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,15 @@ class BuildJob:
     failed: bool = False
     finished_at: float | None = None
     message: str = ""
+    inputs: str | None = None
+    """The inputs digest; None for a Job made before Jobs recorded it (never replaced)."""
+    trigger: int | None = None
+    """None also for a Job made before Jobs recorded it: failed, it is retried at once if
+    the Module has a trigger set (once, after an upgrade)."""
+    retry: int = 0
+    started: bool = False
+    """The Job controller made its pod (it is active or has finished one)."""
+    reported: frozenset[str] = frozenset()
 
 
 def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
@@ -61,10 +88,20 @@ def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
     status = obj.get("status") or {}
     conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     done = conds.get("Complete") or conds.get("Failed")
+    attempt = _count(ann.get(ATTEMPT_ANNOTATION)) or 1
+    inputs = ann.get(INPUTS_ANNOTATION) or None
+    retry = _count(ann.get(RETRY_ANNOTATION))
+    # A Job made before build events existed has had its news told (or lost) already:
+    # reporting it now would repeat stale news for every kept Job at an upgrade.
+    reported = (
+        frozenset((ann.get(REPORTED_ANNOTATION) or "").split(",")) - {""}
+        if inputs is not None
+        else frozenset({STARTED, SUCCEEDED, FAILED})
+    )
     return BuildJob(
         name=meta.get("name", ""),
         image=ann.get(IMAGE_ANNOTATION, ""),
-        attempt=int(ann.get(ATTEMPT_ANNOTATION, "1") or 1),
+        attempt=attempt,
         active=bool(status.get("active")),
         succeeded="Complete" in conds,
         failed="Failed" in conds,
@@ -72,13 +109,39 @@ def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
         message=(conds["Failed"].get("message") or conds["Failed"].get("reason") or "")
         if "Failed" in conds
         else "",
+        inputs=inputs,
+        trigger=_count(ann.get(TRIGGER_ANNOTATION)),
+        # Older Jobs counted every attempt towards the back-off.
+        retry=attempt - 1 if retry is None else retry,
+        started=bool(status.get("active") or status.get("succeeded") or status.get("failed")),
+        reported=reported,
     )
+
+
+def _count(value: str | None) -> int | None:
+    """A count from an annotation; None when absent or not a count (hand-edited)."""
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number >= 0 else None
 
 
 def _timestamp(value: str | None) -> float | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class BuildEvent:
+    """An Event to post on the Module."""
+
+    reason: str
+    message: str
+    warning: bool = False
+    job: str = ""
+    """The build Job it is about."""
 
 
 @dataclass
@@ -88,6 +151,9 @@ class BuildPlan:
     states: dict[str, ImageStatus] = field(default_factory=dict)
     requeue_after: float | None = None
     """Seconds until a retry is due, so the engine wakes for it."""
+    events: list[BuildEvent] = field(default_factory=list)
+    reported: dict[str, str] = field(default_factory=dict)
+    """Job name -> the REPORTED_ANNOTATION value to record once ``events`` are posted."""
 
 
 def backoff(attempt: int, settings: BuildSettings) -> float:
@@ -108,10 +174,18 @@ def plan_builds(
     all_nodes: Iterable[NodeView],
     existence: Mapping[str, Answer],
     jobs: Iterable[BuildJob],
+    dockerfile: Callable[[str], str | None],
     settings: BuildSettings,
     now: float,
 ) -> BuildPlan:
+    """Jobs to create and delete, image states, and the build events to post.
+
+    ``dockerfile`` gives the ``dockerfile`` key of a ConfigMap in the Module's
+    namespace (None if there is none); it is asked only when a build's inputs
+    matter, so a converged Module reads no ConfigMap.
+    """
     out = BuildPlan()
+    trigger = module.spec.image_rebuild_trigger_generation
     by_image: dict[str, list[BuildJob]] = {}
     for seen in jobs:
         by_image.setdefault(seen.image, []).append(seen)
@@ -123,6 +197,8 @@ def plan_builds(
             latest[image] = attempts[-1]
         out.delete.extend(j.name for j in attempts[: len(attempts) - keep])
     nodes = list(all_nodes)
+    created: list[BuildEvent] = []
+    late_failures: dict[str, str] = {}
     for image, resolved in sorted(needed.items()):
         answer = existence.get(image, Answer(Existence.UNKNOWN, "not checked yet"))
         job = latest.get(image)
@@ -136,10 +212,17 @@ def plan_builds(
         if resolved.build is None:
             out.states[image] = ImageStatus(ImageState.MISSING)
             continue
-        if job is not None and job.active:
-            out.states[image] = ImageStatus(ImageState.BUILDING, job.name)
-            continue
-        if (
+        config_map = resolved.build.dockerfile_config_map.name or ""
+        retry, why_now, replaces = 0, "", None
+        if job is not None and not (job.failed or job.succeeded):
+            # Running, or created and not started yet.
+            if not _changed(job, module, image, resolved, dockerfile(config_map)):
+                out.states[image] = ImageStatus(ImageState.BUILDING, job.name)
+                _wake(out, settings.input_recheck_seconds)
+                continue
+            replaces = job.name
+            why_now = f"; replaces {job.name}, whose Dockerfile or build settings changed"
+        elif (
             job is not None
             and job.succeeded
             and job.finished_at is not None
@@ -150,23 +233,38 @@ def plan_builds(
             )
             _wake(out, PUSH_GRACE_SECONDS - (now - job.finished_at))
             continue
-        if job is not None and (job.failed or job.succeeded):
+        elif job is not None:
             if job.failed:
                 why = job.message or "the build Job failed"
             else:
                 why = f"{job.name} succeeded but {image} is not in the registry"
-            grace = 0.0 if job.failed else PUSH_GRACE_SECONDS
-            due = (job.finished_at or now) + grace + backoff(job.attempt, settings)
-            if now < due:
-                out.states[image] = ImageStatus(
-                    ImageState.BUILD_FAILED,
-                    f"attempt {job.attempt} ({job.name}): {why}; retrying in {int(due - now)}s",
+                late_failures[job.name] = (
+                    f"it succeeded but {image} was not in the registry "
+                    f"{int(PUSH_GRACE_SECONDS)}s later"
                 )
-                _wake(out, due - now)
-                continue
-        if job is not None and not (job.failed or job.succeeded):
-            # Created but not started yet (no pod active): it is on its way.
-            out.states[image] = ImageStatus(ImageState.BUILDING, job.name)
+            if _changed(job, module, image, resolved, dockerfile(config_map)):
+                why_now = f"; {job.name} failed, and the Dockerfile or build settings changed since"
+            elif job.trigger != trigger:
+                why_now = f"; imageRebuildTriggerGeneration changed since {job.name} failed"
+            else:
+                grace = 0.0 if job.failed else PUSH_GRACE_SECONDS
+                due = (job.finished_at or now) + grace + backoff(job.retry + 1, settings)
+                if now < due:
+                    out.states[image] = ImageStatus(
+                        ImageState.BUILD_FAILED,
+                        f"attempt {job.attempt} ({job.name}): {why}; retrying in {int(due - now)}s",
+                    )
+                    _wake(out, due - now)
+                    continue
+                retry = job.retry + 1
+        text = dockerfile(config_map)
+        if text is None:
+            out.states[image] = ImageStatus(
+                ImageState.BUILD_FAILED,
+                f"ConfigMap {module.metadata.namespace}/{config_map} has no key "
+                f"{DOCKERFILE_KEY!r}: create it with the Dockerfile under that key",
+            )
+            _wake(out, settings.input_recheck_seconds)
             continue
         attempt = job.attempt + 1 if job is not None else 1
         candidates = _build_nodes(resolved, nodes_by_image.get(image, ()), nodes)
@@ -177,11 +275,63 @@ def plan_builds(
                 "needs one for matching kernel headers",
             )
             continue
-        out.create.append(build_job(module, image, resolved, attempt, candidates, settings))
-        out.states[image] = ImageStatus(
-            ImageState.BUILDING, job_name(module.metadata.name or "", image, attempt)
+        if replaces is not None:
+            # Only once its successor can be made: a build of old inputs beats none.
+            out.delete.append(replaces)
+        inputs = build_inputs(module, image, resolved, text)
+        new = build_job(module, image, resolved, attempt, candidates, settings, inputs, retry)
+        out.create.append(new)
+        name = new["metadata"]["name"]
+        out.states[image] = ImageStatus(ImageState.BUILDING, name)
+        created.append(
+            BuildEvent("BuildCreated", f"building {image} in Job {name}{why_now}", job=name)
         )
+    for job in latest.values():
+        if job.name not in out.delete:
+            _report(out, job, late_failures.get(job.name))
+    out.events.extend(created)
     return out
+
+
+def _changed(
+    job: BuildJob, module: Module, image: str, resolved: ResolvedMapping, dockerfile: str | None
+) -> bool:
+    """Whether the Job was made from other inputs than a build now would be.
+
+    Unknown counts as unchanged: a Job made before inputs were recorded, or a
+    Dockerfile that cannot be read now, never stops a build.
+    """
+    if job.inputs is None or dockerfile is None:
+        return False
+    return job.inputs != build_inputs(module, image, resolved, dockerfile)
+
+
+def _report(out: BuildPlan, job: BuildJob, late_failure: str | None) -> None:
+    """BuildStarted, BuildSucceeded, BuildFailed: each once per Job, as its annotation says.
+
+    The controller posts the events and then records them on the Job. Killed in
+    between, a restarted operator posts them again: an event may repeat, rarely,
+    but is never lost. The Job is the record because it is what the events are
+    about, lives exactly as long as they matter, and survives the operator.
+    """
+    told = set(job.reported)
+    about = f"Job {job.name} (attempt {job.attempt}) for {job.image}"
+    if job.started and STARTED not in told:
+        out.events.append(BuildEvent("BuildStarted", f"{about} started", job=job.name))
+        told.add(STARTED)
+    if job.succeeded and SUCCEEDED not in told:
+        out.events.append(BuildEvent("BuildSucceeded", f"{about} succeeded", job=job.name))
+        told.add(SUCCEEDED)
+    failure = (job.message or "the Job failed") if job.failed else late_failure
+    if failure and FAILED not in told:
+        out.events.append(
+            BuildEvent("BuildFailed", f"{about} failed: {failure}", warning=True, job=job.name)
+        )
+        told.add(FAILED)
+    if told != job.reported:
+        out.reported[job.name] = ",".join(
+            kind for kind in (STARTED, SUCCEEDED, FAILED) if kind in told
+        )
 
 
 def _wake(out: BuildPlan, seconds: float) -> None:
@@ -220,18 +370,24 @@ def _tls_flags(tls: RegistryTLS | None, push: bool) -> list[str]:
     return flags
 
 
-def build_job(
-    module: Module,
-    image: str,
-    resolved: ResolvedMapping,
-    attempt: int,
-    candidates: Sequence[str],
-    settings: BuildSettings,
-) -> dict[str, Any]:
-    """A kaniko-compatible build Job that pushes ``image``."""
+def build_inputs(module: Module, image: str, resolved: ResolvedMapping, dockerfile: str) -> str:
+    """The digest a build Job records of what it reads.
+
+    The Dockerfile text and kaniko's arguments and volumes: build args, secrets,
+    the ConfigMap's name, push and pull TLS, push credentials. Not the candidate
+    nodes or the builder image, which change without changing the image built.
+    """
+    args, _, volumes = _kaniko(module, image, resolved)
+    text = json.dumps([args, volumes, dockerfile], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _kaniko(
+    module: Module, image: str, resolved: ResolvedMapping
+) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """kaniko's arguments, volume mounts and volumes for building ``image``."""
     assert resolved.build is not None
     build = resolved.build
-    name, ns = module.metadata.name or "", module.metadata.namespace or ""
     args = [
         "--dockerfile=/workspace/Dockerfile",
         "--context=dir:///workspace",
@@ -250,7 +406,7 @@ def build_job(
             "name": "dockerfile",
             "configMap": {
                 "name": build.dockerfile_config_map.name,
-                "items": [{"key": "dockerfile", "path": "Dockerfile"}],
+                "items": [{"key": DOCKERFILE_KEY, "path": "Dockerfile"}],
             },
         },
         {"name": "host-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}},
@@ -271,6 +427,31 @@ def build_job(
                 },
             }
         )
+    return args, mounts, volumes
+
+
+def build_job(
+    module: Module,
+    image: str,
+    resolved: ResolvedMapping,
+    attempt: int,
+    candidates: Sequence[str],
+    settings: BuildSettings,
+    inputs: str,
+    retry: int = 0,
+) -> dict[str, Any]:
+    """A kaniko-compatible build Job that pushes ``image``, made from ``inputs``."""
+    name, ns = module.metadata.name or "", module.metadata.namespace or ""
+    args, mounts, volumes = _kaniko(module, image, resolved)
+    annotations = {
+        IMAGE_ANNOTATION: image,
+        ATTEMPT_ANNOTATION: str(attempt),
+        INPUTS_ANNOTATION: inputs,
+        RETRY_ANNOTATION: str(retry),
+    }
+    trigger = module.spec.image_rebuild_trigger_generation
+    if trigger is not None:
+        annotations[TRIGGER_ANNOTATION] = str(trigger)
     meta_labels = {
         labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
         COMPONENT_LABEL: BUILD_COMPONENT,
@@ -285,7 +466,7 @@ def build_job(
             "name": job_name(name, image, attempt),
             "namespace": ns,
             "labels": meta_labels,
-            "annotations": {IMAGE_ANNOTATION: image, ATTEMPT_ANNOTATION: str(attempt)},
+            "annotations": annotations,
         },
         "spec": {
             "backoffLimit": 0,

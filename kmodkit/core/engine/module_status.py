@@ -80,7 +80,7 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
             problem or (f"{len(failures)} nodes failing: {summary}" if failures else ""),
         ),
     ]
-    return {
+    status: dict[str, Any] = {
         "conditions": conditions,
         "moduleLoader": {
             "nodesMatchingSelectorNumber": plan.targeted,
@@ -102,3 +102,22 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
             for f in failures[:MAX_NODE_FAILURES]
         ],
     }
+    if not invalid:
+        status.update(_rebuild_trigger(body))
+    return status
+
+
+def _rebuild_trigger(body: Mapping[str, Any]) -> dict[str, Any]:
+    """KMM's ``status.imageRebuildTriggerGeneration``: the trigger this pass acted on.
+
+    The pass that writes this status re-checked the images and reset build
+    back-off under the spec's value, so echoing it says the bump was applied.
+    The status is merge-patched, so a trigger removed from the spec is cleared
+    with a null, written once: the next pass finds the key gone and omits it.
+    """
+    wanted = (body.get("spec") or {}).get("imageRebuildTriggerGeneration")
+    if wanted is not None:
+        return {"imageRebuildTriggerGeneration": wanted}
+    if "imageRebuildTriggerGeneration" in (body.get("status") or {}):
+        return {"imageRebuildTriggerGeneration": None}
+    return {}

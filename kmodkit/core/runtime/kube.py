@@ -59,6 +59,18 @@ class Kube:
             if e.status != 404:
                 raise
 
+    def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        try:
+            self.batch.patch_namespaced_job(
+                name,
+                namespace,
+                {"metadata": {"annotations": dict(annotations)}},
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as e:
+            if e.status != 404:  # deleted meanwhile
+                raise
+
     def label_node(self, node: str, change: Mapping[str, str | None]) -> None:
         """Merge-patch labels: a value sets, None removes."""
         try:
@@ -84,6 +96,15 @@ class Kube:
                 return None
             raise
         return dict(secret.data or {})
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            config_map = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(config_map.data or {})
 
     def write_status(
         self,
@@ -126,10 +147,11 @@ class Kube:
         namespace: str,
         warning: bool = False,
         name: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name, uid).
 
-        A ``name`` makes it once-only: posting it again is refused and ignored.
+        Whether it was posted; a refused event is logged, never raised. A ``name``
+        makes it once-only: posting it again is refused, and counts as posted.
         """
         now = datetime.now(UTC)
         ref = {k: v for k, v in involved.items() if v}
@@ -150,7 +172,9 @@ class Kube:
             self.core.create_namespaced_event(namespace, body)
         except ApiException as e:  # an event is never worth failing a pass for
             if e.status == 409 and name:
-                return
+                return True
             log.warning(
                 "could not post event %s on %s %s: %s", reason, kind, ref.get("name"), e.reason
             )
+            return False
+        return True

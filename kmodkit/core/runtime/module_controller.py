@@ -27,7 +27,8 @@ from kmodkit.core import labels
 from kmodkit.core.api.module import API_VERSION, GROUP, KIND, PLURAL, VERSION, Module
 from kmodkit.core.engine.build_plan import (
     BUILD_COMPONENT,
-    IMAGE_ANNOTATION,
+    DOCKERFILE_KEY,
+    REPORTED_ANNOTATION,
     BuildSettings,
     build_job_view,
     plan_builds,
@@ -206,6 +207,9 @@ class ModuleController:
             nodes,
             existence,
             jobs,
+            functools.cache(
+                lambda cm: (self.kube.read_config_map(ns, cm) or {}).get(DOCKERFILE_KEY)
+            ),
             self.settings.build,
             time.time(),
         )
@@ -223,17 +227,23 @@ class ModuleController:
         for job in builds.create:
             job["metadata"]["ownerReferences"] = [owner]
             self.kube.create(job)
-            image = job["metadata"]["annotations"][IMAGE_ANNOTATION]
-            self.kube.event(
-                # A namespaced object's Event must name its namespace, or it is refused.
-                {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
-                "Module",
-                "BuildCreated",
-                f"building {image} in Job {job['metadata']['name']}",
-                ns,
-            )
         for job_name in builds.delete:
             self.kube.delete_job(ns, job_name)
+        # A namespaced object's Event must name its namespace, or it is refused.
+        module_ref = {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns}
+        unposted = set()
+        for event in builds.events:
+            if not self.kube.event(
+                module_ref, "Module", event.reason, event.message, ns, event.warning
+            ):
+                unposted.add(event.job)
+        # Recorded on each Job only once its events are posted: a restart in between, or
+        # an event the apiserver refused, repeats that Job's events rather than losing
+        # them. The loop's debounce before the next pass usually lets the watch deliver
+        # this write first; a slower watch can repeat an event, rarely.
+        for job_name, reported in builds.reported.items():
+            if job_name not in unposted:
+                self.kube.annotate_job(ns, job_name, {REPORTED_ANNOTATION: reported})
         self._apply_pods(final, owner, ns)
         self._label_nodes(final.node_labels, ns, name)
         self._report_unload_failures(final, body)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kmodkit.core.api import Module
-from kmodkit.core.engine.build_plan import BuildJob, BuildSettings, backoff, job_name, plan_builds
+from kmodkit.core.engine.build_plan import (
+    REPORTED_ANNOTATION,
+    BuildEvent,
+    BuildJob,
+    BuildPlan,
+    BuildSettings,
+    backoff,
+    build_job_view,
+    job_name,
+    plan_builds,
+)
 from kmodkit.core.engine.loader_plan import ImageState, plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Existence
@@ -17,37 +28,41 @@ SETTINGS = BuildSettings(builder_image="gcr.io/kaniko-project/executor:v1.23.2")
 LOADER = LoaderSettings(agent_image="r.io/agent:1")
 
 
-def module(build_selector: dict[str, str] | None = None) -> Module:
+def module(
+    build_selector: dict[str, str] | None = None, trigger: int | None = None, **build_fields: Any
+) -> Module:
     build: dict[str, Any] = {
         "dockerfileConfigMap": {"name": "df"},
         "buildArgs": [{"name": "REF", "value": "v1"}],
+        **build_fields,
     }
     if build_selector:
         build["selector"] = build_selector
-    return Module.model_validate(
-        {
-            "apiVersion": "kmodkit.io/v1alpha1",
-            "kind": "Module",
-            "metadata": {"name": "xe", "namespace": "drivers"},
-            "spec": {
-                "selector": {},
-                "imageRepoSecret": {"name": "push"},
-                "moduleLoader": {
-                    "container": {
-                        "modprobe": {"moduleName": "xe"},
-                        "registryTLS": {"insecureSkipTLSVerify": True},
-                        "kernelMappings": [
-                            {
-                                "regexp": ".*",
-                                "containerImage": "r.io/xe:${KERNEL_FULL_VERSION}",
-                                "build": build,
-                            }
-                        ],
-                    }
-                },
+    body: dict[str, Any] = {
+        "apiVersion": "kmodkit.io/v1alpha1",
+        "kind": "Module",
+        "metadata": {"name": "xe", "namespace": "drivers"},
+        "spec": {
+            "selector": {},
+            "imageRepoSecret": {"name": "push"},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "xe"},
+                    "registryTLS": {"insecureSkipTLSVerify": True},
+                    "kernelMappings": [
+                        {
+                            "regexp": ".*",
+                            "containerImage": "r.io/xe:${KERNEL_FULL_VERSION}",
+                            "build": build,
+                        }
+                    ],
+                }
             },
-        }
-    )
+        },
+    }
+    if trigger is not None:
+        body["spec"]["imageRebuildTriggerGeneration"] = trigger
+    return Module.model_validate(body)
 
 
 NODES = [
@@ -56,16 +71,30 @@ NODES = [
 ]
 
 
+DOCKERFILE = "FROM scratch\n"
+
+
 def builds(
     m: Module,
     existence: dict[str, Answer],
     jobs: list[BuildJob],
     now: float = 1000.0,
     nodes: list[NodeView] = NODES,
-) -> Any:
+    dockerfiles: dict[str, str] | None = None,
+    settings: BuildSettings = SETTINGS,
+) -> BuildPlan:
     first = plan(m, nodes, [], {}, LOADER)
+    texts = {"df": DOCKERFILE} if dockerfiles is None else dockerfiles
     return plan_builds(
-        m, first.needed_images, first.nodes_by_image, nodes, existence, jobs, SETTINGS, now
+        m,
+        first.needed_images,
+        first.nodes_by_image,
+        nodes,
+        existence,
+        jobs,
+        texts.get,
+        settings,
+        now,
     )
 
 
@@ -167,3 +196,223 @@ def test_builds_of_images_no_longer_needed_are_removed() -> None:
         module(), {IMG1: Answer(Existence.EXISTS), IMG2: Answer(Existence.EXISTS)}, [stray]
     )
     assert out.delete == ["xe-build-old-1"]
+
+
+# -- what a Job was made from, and the rebuild trigger ---------------------------
+
+BOTH_MISSING = {IMG1: Answer(Existence.EXISTS), IMG2: MISSING}
+T0 = 1000.0
+
+
+def observed(
+    job: dict[str, Any],
+    active: int = 0,
+    done: str = "",
+    message: str = "",
+    reported: str | None = None,
+) -> BuildJob:
+    """A Job the plan made, as the watch later shows it: ``done`` is Complete or Failed, at T0."""
+    status: dict[str, Any] = {"active": active}
+    if done:
+        status["succeeded" if done == "Complete" else "failed"] = 1
+        status["conditions"] = [
+            {
+                "type": done,
+                "status": "True",
+                "lastTransitionTime": "1970-01-01T00:16:40Z",  # T0
+                "message": message,
+            }
+        ]
+    meta = dict(job["metadata"])
+    if reported is not None:
+        meta["annotations"] = {**meta["annotations"], REPORTED_ANNOTATION: reported}
+    return build_job_view({**job, "metadata": meta, "status": status})
+
+
+def first_job(m: Module, dockerfile: str = DOCKERFILE) -> dict[str, Any]:
+    (job,) = builds(m, BOTH_MISSING, [], dockerfiles={"df": dockerfile}).create
+    return job
+
+
+def test_a_bumped_rebuild_trigger_retries_a_failed_build_at_once_and_restarts_back_off() -> None:
+    failed = observed(first_job(module()), done="Failed", message="BackoffLimitExceeded")
+    assert failed.failed and failed.finished_at == T0 and failed.trigger is None
+    # Within the back-off, the same trigger waits...
+    assert not builds(module(), BOTH_MISSING, [failed], now=T0 + 5).create
+    # ...a bumped one builds now, as the next attempt.
+    out = builds(module(trigger=1), BOTH_MISSING, [failed], now=T0 + 5)
+    (job,) = out.create
+    assert job["metadata"]["name"] == job_name("xe", IMG2, 2)
+    assert out.states[IMG2].state is ImageState.BUILDING
+    (created,) = [e for e in out.events if e.reason == "BuildCreated"]
+    assert "imageRebuildTriggerGeneration" in created.message
+    # That attempt failing too waits the first back-off step again, not the second.
+    second = observed(job, done="Failed")
+    assert second.trigger == 1 and second.retry == 0
+    wait = builds(module(trigger=1), BOTH_MISSING, [failed, second], now=T0 + 5)
+    assert not wait.create and wait.requeue_after == backoff(1, SETTINGS) - 5
+    due = builds(module(trigger=1), BOTH_MISSING, [failed, second], now=T0 + backoff(1, SETTINGS))
+    assert [j["metadata"]["name"] for j in due.create] == [job_name("xe", IMG2, 3)]
+
+
+def test_retries_of_the_same_inputs_back_off_further_across_restarts() -> None:
+    failed = observed(first_job(module()), done="Failed")
+    (retry,) = builds(module(), BOTH_MISSING, [failed], now=T0 + backoff(1, SETTINGS)).create
+    again = observed(retry, done="Failed")
+    assert again.retry == 1  # read back from the Job, not remembered
+    assert not builds(module(), BOTH_MISSING, [again], now=T0 + backoff(1, SETTINGS)).create
+    assert builds(module(), BOTH_MISSING, [again], now=T0 + backoff(2, SETTINGS)).create
+
+
+def test_a_job_from_before_inputs_were_recorded_keeps_its_back_off() -> None:
+    old = build_job_view(
+        {
+            "metadata": {
+                "name": job_name("xe", IMG2, 3),
+                "annotations": {"kmodkit.io/image": IMG2, "kmodkit.io/build-attempt": "3"},
+            },
+            "status": {"active": 1},
+        }
+    )
+    assert old.inputs is None and old.retry == 2
+    # Unknown inputs are never taken for changed ones: its running build stays.
+    out = builds(module(), BOTH_MISSING, [old], dockerfiles={"df": "FROM other\n"})
+    assert not out.create and not out.delete
+
+
+# -- a running build whose inputs change -----------------------------------------
+
+
+def restarted(job: BuildJob, m: Module, dockerfile: str = DOCKERFILE, **kw: Any) -> BuildPlan:
+    return builds(m, BOTH_MISSING, [job], dockerfiles={"df": dockerfile, "df2": dockerfile}, **kw)
+
+
+def test_a_changed_dockerfile_or_build_setting_replaces_the_running_build() -> None:
+    running = observed(first_job(module()), active=1)
+    changes = {
+        "Dockerfile text": restarted(running, module(), "FROM busybox\n"),
+        "ConfigMap": restarted(running, module(dockerfileConfigMap={"name": "df2"})),
+        "build args": restarted(running, module(buildArgs=[{"name": "REF", "value": "v2"}])),
+        "secrets": restarted(running, module(secrets=[{"name": "token"}])),
+        "base image TLS": restarted(running, module(baseImageRegistryTLS={"insecure": True})),
+    }
+    for change, out in changes.items():
+        assert out.delete == [running.name], change
+        assert [j["metadata"]["name"] for j in out.create] == [job_name("xe", IMG2, 2)], change
+        (created,) = [e for e in out.events if e.reason == "BuildCreated"]
+        assert f"replaces {running.name}" in created.message, change
+
+
+def test_a_running_build_stays_while_what_it_builds_from_is_the_same() -> None:
+    running = observed(first_job(module()), active=1)
+    other_nodes = [*NODES, NodeView("n9", {}, K2, "amd64", True)]
+    same = {
+        "nothing changed": restarted(running, module()),
+        # The builder image and the nodes it may run on do not change the image.
+        "builder image": restarted(running, module(), settings=BuildSettings("kaniko:v2")),
+        "candidate nodes": restarted(running, module(), nodes=other_nodes),
+        # Nor does a bumped trigger: the build under way already builds afresh.
+        "trigger": restarted(running, module(trigger=5)),
+        # A ConfigMap that cannot be read now says nothing about what changed.
+        "ConfigMap gone": builds(module(), BOTH_MISSING, [running], dockerfiles={}),
+    }
+    for case, out in same.items():
+        assert not out.delete and not out.create, case
+        assert out.states[IMG2].state is ImageState.BUILDING, case
+    # Nothing watches ConfigMaps: the running build's Dockerfile is read again soon.
+    assert same["nothing changed"].requeue_after == SETTINGS.input_recheck_seconds
+
+
+def test_a_failed_build_is_retried_at_once_when_its_dockerfile_is_fixed() -> None:
+    failed = observed(first_job(module()), done="Failed")
+    out = builds(module(), BOTH_MISSING, [failed], now=T0 + 5, dockerfiles={"df": "FROM fixed\n"})
+    (job,) = out.create
+    assert job["metadata"]["annotations"]["kmodkit.io/build-retry"] == "0"
+
+
+def test_a_missing_dockerfile_is_reported_not_built() -> None:
+    out = builds(module(), BOTH_MISSING, [], dockerfiles={})
+    assert not out.create
+    assert out.states[IMG2].state is ImageState.BUILD_FAILED
+    assert "ConfigMap drivers/df has no key 'dockerfile'" in out.states[IMG2].detail
+    assert out.requeue_after == SETTINGS.input_recheck_seconds
+
+
+# -- build events ------------------------------------------------------------------
+
+
+def reasons(out: BuildPlan) -> list[str]:
+    return [e.reason for e in out.events]
+
+
+def test_build_events_are_posted_once_per_job_as_its_annotation_records() -> None:
+    job = first_job(module())
+    pending = observed(job)
+    out = builds(module(), BOTH_MISSING, [pending])
+    assert reasons(out) == [] and out.reported == {}
+    running = observed(job, active=1)
+    out = builds(module(), BOTH_MISSING, [running])
+    assert reasons(out) == ["BuildStarted"]
+    assert out.reported == {running.name: "started"}
+    # The next pass reads what was recorded on the Job and says nothing again.
+    told = observed(job, active=1, reported=out.reported[running.name])
+    assert builds(module(), BOTH_MISSING, [told]).events == []
+    done = observed(job, done="Complete", reported="started")
+    out = builds(module(), {IMG1: Answer(Existence.EXISTS), IMG2: Answer(Existence.EXISTS)}, [done])
+    assert reasons(out) == ["BuildSucceeded"] and out.reported == {done.name: "started,succeeded"}
+
+
+def test_a_build_seen_only_once_finished_is_still_reported_started() -> None:
+    failed = observed(first_job(module()), done="Failed", message="kaniko exited with 1")
+    out = builds(module(), BOTH_MISSING, [failed], now=T0 + 5)
+    assert reasons(out) == ["BuildStarted", "BuildFailed"]
+    warning = out.events[1]
+    assert warning.warning and "kaniko exited with 1" in warning.message
+    assert failed.name in warning.message
+    assert out.reported == {failed.name: "started,failed"}
+    # The retry's creation is told after the failure it follows.
+    retry = builds(module(), BOTH_MISSING, [failed], now=T0 + backoff(1, SETTINGS))
+    assert reasons(retry) == ["BuildStarted", "BuildFailed", "BuildCreated"]
+
+
+def test_success_without_the_image_is_reported_as_a_failed_build_after_grace() -> None:
+    done = observed(first_job(module()), done="Complete", reported="started,succeeded")
+    assert builds(module(), BOTH_MISSING, [done], now=T0 + 10).events == []
+    late = builds(module(), BOTH_MISSING, [done], now=T0 + 70)
+    assert late.events == [
+        BuildEvent(
+            "BuildFailed",
+            f"Job {done.name} (attempt 1) for {IMG2} failed: it succeeded but {IMG2} was not "
+            "in the registry 60s later",
+            warning=True,
+            job=done.name,
+        )
+    ]
+
+
+def test_jobs_going_away_and_jobs_from_before_events_are_not_reported() -> None:
+    running = observed(first_job(module()), active=1)
+    replaced = restarted(running, module(), "FROM busybox\n")
+    assert reasons(replaced) == ["BuildCreated"]
+    stray = BuildJob("xe-build-old-1", "r.io/xe:old", 1, succeeded=True, started=True)
+    both_exist = {IMG1: Answer(Existence.EXISTS), IMG2: Answer(Existence.EXISTS)}
+    assert builds(module(), both_exist, [stray]).events == []
+    legacy = build_job_view(
+        {
+            "metadata": {
+                "name": job_name("xe", IMG2, 1),
+                "annotations": {"kmodkit.io/image": IMG2, "kmodkit.io/build-attempt": "1"},
+            },
+            "status": {"active": 1},
+        }
+    )
+    assert builds(module(), BOTH_MISSING, [legacy]).events == []
+
+
+def test_a_running_build_is_kept_when_no_node_could_run_its_successor() -> None:
+    running = observed(first_job(module()), active=1)
+    # The nodes of its kernel still need the image but are not ready to build it.
+    unready = [replace(n, ready=False) if n.kernel == K2 else n for n in NODES]
+    out = restarted(running, module(), "FROM busybox\n", nodes=unready)
+    assert IMG2 in out.states and not out.create
+    assert not out.delete

@@ -1,0 +1,148 @@
+"""A Module pass posts build events and records them on the build Job, in that order.
+
+The Kube here is a stand-in that records the calls the controller makes (no API
+server); the registry's answer is put in the controller's cache, so no registry
+is asked. What to post is planned in kmodkit.core.engine.build_plan (tested
+there); these tests pin the wiring: post first, record after, read the
+Dockerfile only when a build needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kmodkit.core.engine.build_plan import (
+    REPORTED_ANNOTATION,
+    BuildSettings,
+    build_job_view,
+)
+from kmodkit.core.engine.loader_pod import LoaderSettings
+from kmodkit.core.engine.registry import Answer, Existence
+from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
+from kmodkit.core.runtime.watch_cache import Shared
+
+NS, NAME, KERNEL = "drivers", "xe", "7.0.0-14-generic"
+IMAGE = f"r.io/xe:{KERNEL}"
+
+
+class RecordingKube:
+    """Stand-in for kmodkit.core.runtime.kube.Kube: records what a pass does, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.created: list[dict[str, Any]] = []
+        self.refused: set[str] = set()
+
+    def create(self, obj: Mapping[str, Any]) -> None:
+        self.created.append(dict(obj))
+        self.calls.append(("create", obj["metadata"]["name"]))
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.calls.append(("delete_job", name))
+
+    def event(
+        self,
+        involved: Mapping[str, Any],
+        kind: str,
+        reason: str,
+        message: str,
+        namespace: str,
+        warning: bool = False,
+    ) -> bool:
+        self.calls.append(("event", reason))
+        return reason not in self.refused
+
+    def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self.calls.append(("annotate_job", (name, dict(annotations))))
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        self.calls.append(("read_config_map", name))
+        return {"dockerfile": "FROM scratch\n"}
+
+    def label_node(self, node: str, change: Mapping[str, str | None]) -> None:
+        self.calls.append(("label_node", node))
+
+    def write_status(self, *args: Any) -> None:
+        pass
+
+
+def _module() -> dict[str, Any]:
+    mapping = {
+        "regexp": ".*",
+        "containerImage": "r.io/xe:${KERNEL_FULL_VERSION}",
+        "build": {"dockerfileConfigMap": {"name": "df"}},
+    }
+    return {
+        "apiVersion": "kmodkit.io/v1alpha1",
+        "kind": "Module",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1},
+        "spec": {
+            "selector": {},
+            "moduleLoader": {
+                "container": {"modprobe": {"moduleName": "xe"}, "kernelMappings": [mapping]}
+            },
+        },
+    }
+
+
+def _controller(kube: RecordingKube, existence: Existence) -> ModuleController:
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    shared.nodes["n1"] = NodeView("n1", {}, KERNEL, "amd64", True)
+    settings = ModuleControllerSettings(
+        loader=LoaderSettings(agent_image="registry.example.com/agent:1"),
+        build=BuildSettings(builder_image="registry.example.com/builder:1"),
+    )
+    controller = ModuleController(shared, settings)
+    controller.answers.put((IMAGE, ""), Answer(existence))
+    return controller
+
+
+def _calls(kube: RecordingKube, *kinds: str) -> list[tuple[str, Any]]:
+    return [c for c in kube.calls if c[0] in kinds]
+
+
+def test_build_events_are_posted_before_the_job_records_them() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, Existence.MISSING)
+    controller.reconcile(_module(), [], [])
+    (job,) = kube.created
+    assert _calls(kube, "create", "event", "read_config_map") == [
+        ("read_config_map", "df"),
+        ("create", job["metadata"]["name"]),
+        ("event", "BuildCreated"),
+    ]
+    kube.calls.clear()
+    running = build_job_view({**job, "status": {"active": 1}})
+    controller.reconcile(_module(), [], [running])
+    assert _calls(kube, "event", "annotate_job") == [
+        ("event", "BuildStarted"),
+        ("annotate_job", (job["metadata"]["name"], {REPORTED_ANNOTATION: "started"})),
+    ]
+    kube.calls.clear()
+    meta = {
+        **job["metadata"],
+        "annotations": {**job["metadata"]["annotations"], REPORTED_ANNOTATION: "started"},
+    }
+    told = build_job_view({**job, "metadata": meta, "status": {"active": 1}})
+    controller.reconcile(_module(), [], [told])
+    assert _calls(kube, "event", "annotate_job", "create", "delete_job") == []
+
+
+def test_a_module_whose_images_exist_reads_no_dockerfile() -> None:
+    kube = RecordingKube()
+    _controller(kube, Existence.EXISTS).reconcile(_module(), [], [])
+    assert _calls(kube, "read_config_map", "event") == []
+    assert [o["kind"] for o in kube.created] == ["Pod"]
+
+
+def test_a_refused_event_is_not_recorded_so_the_next_pass_posts_it_again() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, Existence.MISSING)
+    controller.reconcile(_module(), [], [])
+    (job,) = kube.created
+    kube.calls.clear()
+    kube.refused.add("BuildStarted")
+    controller.reconcile(_module(), [], [build_job_view({**job, "status": {"active": 1}})])
+    assert _calls(kube, "event", "annotate_job") == [("event", "BuildStarted")]
