@@ -237,9 +237,15 @@ def check(
     url = f"{scheme}://{host}/v2/{ref.repository}/manifests/{ref.digest or ref.tag}"
     session = _Session(host, credentials, context, scheme == "http", timeout)
     try:
-        status = session.head_manifest(url)
+        status, answered_by = session.head_manifest(url)
     except _Unreachable as e:
         return Answer(Existence.UNKNOWN, str(e))
+    if status in (401, 403) and answered_by != host:
+        return Answer(
+            Existence.UNKNOWN,
+            f"registry {host} redirected to {answered_by}, which requires authentication; "
+            "imageRepoSecret logins are sent only to the registry the image names",
+        )
     return answer_for(status, host, credentials is not None)
 
 
@@ -281,7 +287,8 @@ class _Session:
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.timeout
 
-    def head_manifest(self, url: str) -> int:
+    def head_manifest(self, url: str) -> tuple[int, str]:
+        """The final status of a manifest HEAD, and the host that gave it."""
         challenged: set[str] = set()
         for _ in range(MAX_REDIRECTS + 1):
             here = urllib.parse.urlsplit(url).netloc
@@ -301,7 +308,7 @@ class _Session:
                 if authorization is not None:
                     self.authorization[here] = authorization
                     continue
-            return response.status
+            return response.status, here
         raise _Unreachable(f"registry {self.registry} redirected more than {MAX_REDIRECTS} times")
 
     def _redirect(self, url: str, location: str) -> str:
@@ -365,9 +372,10 @@ class _Session:
             if parts.netloc == self.registry
             else f"{parts.netloc} (for registry {self.registry})"
         )
+        timed_out = _Unreachable(f"{where} did not answer within {self.timeout:g}s")
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise _Unreachable(f"{where} did not answer within {self.timeout:g}s")
+            raise timed_out
         port = parts.port
         conn: http.client.HTTPConnection = (
             http.client.HTTPSConnection(
@@ -379,7 +387,8 @@ class _Session:
         # A socket timeout bounds each read, not the exchange: a registry that trickles a
         # byte at a time would hold the pass for ever. Cutting the socket at the deadline
         # bounds the whole of it.
-        cutter = threading.Timer(remaining, _cut, (conn,))
+        cut = threading.Event()
+        cutter = threading.Timer(remaining, _cut, (conn, cut))
         cutter.daemon = True
         cutter.start()
         try:
@@ -388,23 +397,28 @@ class _Session:
             )
             response = conn.getresponse()
             body = response.read(_MAX_BODY) if method != "HEAD" else b""
-            return _Response(response.status, response.headers, body)
         except ssl.SSLCertVerificationError as e:
             raise _Unreachable(
                 f"cannot verify the TLS certificate of {where}: {e.verify_message}; give its CA "
                 "in KMODKIT_REGISTRY_CA or set registryTLS"
             ) from None
         except (OSError, http.client.HTTPException) as e:
-            if isinstance(e, TimeoutError) or time.monotonic() >= self.deadline:
-                raise _Unreachable(f"{where} did not answer within {self.timeout:g}s") from None
+            if isinstance(e, TimeoutError) or cut.is_set():
+                raise timed_out from None
             reason = getattr(e, "strerror", None) or type(e).__name__
             raise _Unreachable(f"cannot reach {where}: {reason}") from None
         finally:
             cutter.cancel()
             conn.close()
+        if cut.is_set():
+            # A cut often reads as the end of the answer, not as an error: half an answer
+            # (a status line, no end of headers) must not pass for one.
+            raise timed_out
+        return _Response(response.status, response.headers, body)
 
 
-def _cut(conn: http.client.HTTPConnection) -> None:
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
     sock = conn.sock
     if sock is not None:
         # The plain socket's shutdown, also under TLS: it wakes a blocked read at once.
