@@ -196,7 +196,7 @@ def test_exists_is_kept_long() -> None:
 
 
 class _MeetingDict(dict[Any, Any]):
-    """A dict whose ``get`` waits (briefly) for a second caller to arrive.
+    """A dict whose ``get`` reads, then waits (briefly) for a second caller to have read.
 
     Without a lock around the cache, two passes reading one expired entry meet
     here, both see it and both delete it: the second delete fails. With the
@@ -209,9 +209,10 @@ class _MeetingDict(dict[Any, Any]):
         self.barrier = threading.Barrier(parties, timeout=1.0)
 
     def get(self, key: Any, default: Any = None) -> Any:
+        found = super().get(key, default)
         with contextlib.suppress(threading.BrokenBarrierError):
             self.barrier.wait()
-        return super().get(key, default)
+        return found
 
 
 def test_passes_in_threads_share_the_cache_safely() -> None:
