@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 _FORWARDED = ("Accept", "Authorization")
+USERINFO_PASSWORD = "in-the-location"
 _RETURNED = ("Www-Authenticate", "Docker-Content-Digest", "Content-Type", "Location")
 
 
@@ -30,6 +31,7 @@ class Mode(Enum):
     REDIRECT = "redirect"  # 307 to the registry, the repository under ``prefix``
     REDIRECT_HTTP = "redirect-http"  # 307 to a plain-HTTP address
     LOOP = "loop"  # 307 to itself
+    REDIRECT_USERINFO = "redirect-userinfo"  # 307 to user:password@``upstream``
 
 
 @dataclass
@@ -81,6 +83,9 @@ def start(cert: Path, key: Path, upstream: str, upstream_ca: Path) -> Front:
             elif mode is Mode.REDIRECT:
                 path = self.path.replace("/v2/", f"/v2/{front.prefix}", 1)
                 self._reply(307, {"Location": f"https://{front.upstream}{path}"})
+            elif mode is Mode.REDIRECT_USERINFO:
+                location = f"https://user:{USERINFO_PASSWORD}@{front.upstream}{self.path}"
+                self._reply(307, {"Location": location})
             elif mode is Mode.REDIRECT_HTTP:
                 self._reply(307, {"Location": f"http://{front.upstream}{self.path}"})
             else:

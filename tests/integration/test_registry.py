@@ -159,6 +159,26 @@ def test_unsafe_or_endless_redirects_are_not_followed(
     assert front.requests == (6 if mode is Mode.LOOP else 1)
 
 
+def test_a_password_in_a_redirect_never_reaches_a_detail(tmp_path: Path) -> None:
+    # The front redirects to a loopback port nothing listens on, naming a password in the URL.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    pki_dir = tmp_path / "pki"
+    pki.make_pki(pki_dir, admin_token="unused")
+    f = registry_fronts.start(
+        pki_dir / "serving.crt", pki_dir / "serving.key", closed, pki_dir / "ca.crt"
+    )
+    try:
+        f.mode = Mode.REDIRECT_USERINFO
+        answer = check(f"{f.host}/xe:1", None, None, str(pki_dir / "ca.crt"), timeout=5)
+    finally:
+        f.stop()
+    assert answer == Answer(
+        Existence.UNKNOWN, f"cannot reach {closed} (for registry {f.host}): Connection refused"
+    )
+
+
 # -- faults --------------------------------------------------------------------------
 
 

@@ -291,7 +291,7 @@ class _Session:
         """The final status of a manifest HEAD, and the host that gave it."""
         challenged: set[str] = set()
         for _ in range(MAX_REDIRECTS + 1):
-            here = urllib.parse.urlsplit(url).netloc
+            here = _host(url)
             headers = {"Accept": _MANIFEST_TYPES}
             if here in self.authorization:
                 headers["Authorization"] = self.authorization[here]
@@ -351,7 +351,7 @@ class _Session:
             return None
         if response.status != 200:
             raise _Unreachable(
-                f"token service {parts.netloc} of registry {self.registry} answered "
+                f"token service {_host(realm)} of registry {self.registry} answered "
                 f"HTTP {response.status}"
             )
         try:
@@ -361,16 +361,16 @@ class _Session:
             token = None
         if not isinstance(token, str) or not token:
             raise _Unreachable(
-                f"token service {parts.netloc} of registry {self.registry} answered without a token"
+                f"token service {_host(realm)} of registry {self.registry} answered without a token"
             )
         return token
 
     def _request(self, method: str, url: str, headers: Mapping[str, str]) -> _Response:
         parts = urllib.parse.urlsplit(url)
         where = (
-            f"registry {parts.netloc}"
-            if parts.netloc == self.registry
-            else f"{parts.netloc} (for registry {self.registry})"
+            f"registry {_host(url)}"
+            if _host(url) == self.registry
+            else f"{_host(url)} (for registry {self.registry})"
         )
         timed_out = _Unreachable(f"{where} did not answer within {self.timeout:g}s")
         remaining = self.deadline - time.monotonic()
@@ -424,6 +424,12 @@ def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
         # The plain socket's shutdown, also under TLS: it wakes a blocked read at once.
         with contextlib.suppress(OSError):
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _host(url: str) -> str:
+    # host[:port] without any user:password@ a redirect or realm might carry: it names
+    # hosts in details and keys the Authorization kept per host.
+    return urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
 
 
 def _basic(login: Credentials) -> str:
