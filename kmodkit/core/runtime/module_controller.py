@@ -264,15 +264,17 @@ class ModuleController:
                 continue
             pull = secret()
             if pull.problem:
-                answer = Answer(Existence.UNKNOWN, pull.problem)
-            else:
-                answer = check(
-                    image,
-                    pull.credentials_for(parse_image_reference(image).registry),
-                    resolved.registry_tls,
-                    self.settings.registry_ca_bundle,
-                    self.settings.registry_timeout_seconds,
-                )
+                # Not cached: the next pass reads the Secret again, so a fix is seen at once
+                # rather than after the registry back-off.
+                answers[image] = Answer(Existence.UNKNOWN, pull.problem)
+                continue
+            answer = check(
+                image,
+                pull.credentials_for(parse_image_reference(image).registry),
+                resolved.registry_tls,
+                self.settings.registry_ca_bundle,
+                self.settings.registry_timeout_seconds,
+            )
             self.answers.put((image, trigger), answer)
             answers[image] = answer
         return answers

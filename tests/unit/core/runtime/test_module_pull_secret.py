@@ -48,9 +48,9 @@ class SecretKube:
         pass
 
 
-def _reconcile(
-    data: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch
-) -> tuple[SecretKube, list[Credentials | None]]:
+def _controller(
+    kube: SecretKube, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ModuleController, list[Credentials | None]]:
     asked: list[Credentials | None] = []
 
     def recorded_check(
@@ -60,7 +60,6 @@ def _reconcile(
         return Answer(Existence.UNKNOWN, "registry quay.io answered HTTP 503")
 
     monkeypatch.setattr(module_controller, "check", recorded_check)
-    kube = SecretKube(data)
     shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
     shared.nodes["a"] = NodeView("a", {}, KERNEL)
     controller = ModuleController(
@@ -70,15 +69,27 @@ def _reconcile(
             build=BuildSettings(builder_image="registry.example.com/builder:1"),
         ),
     )
+    return controller, asked
+
+
+def _body() -> dict[str, Any]:
     body = minimal()
     body["metadata"]["namespace"] = NS
     body["spec"]["imageRepoSecret"] = {"name": SECRET}
-    controller.reconcile(body, [], [])
+    return body
+
+
+def _reconcile(
+    data: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SecretKube, list[Credentials | None]]:
+    kube = SecretKube(data)
+    controller, asked = _controller(kube, monkeypatch)
+    controller.reconcile(_body(), [], [])
     return kube, asked
 
 
 def _progressing(kube: SecretKube) -> str:
-    (status,) = kube.statuses
+    status = kube.statuses[-1]
     return next(c["message"] for c in status["conditions"] if c["type"] == "Progressing")
 
 
@@ -114,3 +125,14 @@ def test_a_malformed_secret_is_reported_by_name_and_the_registry_not_asked(
     )
     assert "kubectl create secret docker-registry" in message
     assert PASSWORD not in message
+
+
+def test_a_fixed_secret_is_used_on_the_next_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = SecretKube({".dockerconfigjson": _b64("not json")})
+    controller, asked = _controller(kube, monkeypatch)
+    controller.reconcile(_body(), [], [])
+    assert asked == []
+    fixed = {"auths": {"quay.io": {"username": "robot", "password": PASSWORD}}}
+    kube.data = {".dockerconfigjson": _b64(json.dumps(fixed))}
+    controller.reconcile(_body(), [], [])
+    assert asked == [Credentials("robot", PASSWORD)]
