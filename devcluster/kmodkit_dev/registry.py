@@ -1,4 +1,4 @@
-"""A real OCI registry (CNCF distribution) on loopback, with htpasswd auth and TLS."""
+"""A real OCI registry (CNCF distribution) on loopback, with TLS and htpasswd or token auth."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kmodkit_dev import build, pki, procs
+from kmodkit_dev import build, pki, procs, token_issuer
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Registry:
     ca: Path | None  # None for plain HTTP
     pid: int
     log: Path
+    issuer: token_issuer.TokenIssuer | None = None  # set for token auth
 
     @property
     def url(self) -> str:
@@ -52,6 +53,8 @@ class Registry:
 
     def stop(self) -> None:
         procs.stop(self.pid, "registry")
+        if self.issuer is not None:
+            self.issuer.stop()
 
     def push(self, reference: str) -> None:
         """Push a small artifact as ``reference`` (host/repo:tag), as a build would.
@@ -63,11 +66,11 @@ class Registry:
 
         import oras.client
 
-        # This registry (htpasswd) challenges with Basic, not a token realm.
+        # htpasswd challenges with Basic, token auth with a Bearer realm.
         c = oras.client.OrasClient(
             hostname=self.host,
             tls_verify=str(self.ca) if self.ca else False,
-            auth_backend="basic",
+            auth_backend="basic" if self.issuer is None else "token",
             insecure=self.ca is None,
         )
         c.login(
@@ -83,9 +86,20 @@ class Registry:
 
 
 def start(
-    workdir: Path, username: str, password: str, tls: bool = True, pki_dir: Path | None = None
+    workdir: Path,
+    username: str,
+    password: str,
+    tls: bool = True,
+    pki_dir: Path | None = None,
+    token_auth: bool = False,
+    anonymous: tuple[str, ...] = (),
 ) -> Registry:
-    """Start a registry storing blobs under ``workdir``; TLS uses ``pki_dir``'s CA."""
+    """Start a registry storing blobs under ``workdir``; TLS uses ``pki_dir``'s CA.
+
+    With ``token_auth`` the registry trusts a token issuer started here (needs TLS),
+    which grants everything to ``username`` and anonymous pulls of repositories
+    under the ``anonymous`` prefixes; otherwise it checks an htpasswd file.
+    """
     import bcrypt
 
     build.ensure(["registry"])
@@ -105,6 +119,29 @@ def start(
             "key": str(pki_dir / "serving.key"),
         }
         ca = pki_dir / "ca.crt"
+    issuer = None
+    auth: dict[str, object] = {
+        "htpasswd": {"realm": "kmodkit-test", "path": str(workdir / "htpasswd")}
+    }
+    if token_auth:
+        if pki_dir is None:
+            raise ValueError("token auth needs TLS: clients send credentials to the issuer")
+        issuer = token_issuer.start(
+            workdir / "token",
+            username,
+            password,
+            anonymous,
+            pki_dir / "serving.crt",
+            pki_dir / "serving.key",
+        )
+        auth = {
+            "token": {
+                "realm": issuer.url,
+                "service": token_issuer.SERVICE,
+                "issuer": token_issuer.ISSUER,
+                "rootcertbundle": str(issuer.certificate),
+            }
+        }
     config = {
         "version": 0.1,
         "log": {"level": "warn", "accesslog": {"disabled": True}},
@@ -113,7 +150,7 @@ def start(
             "delete": {"enabled": True},
         },
         "http": http,
-        "auth": {"htpasswd": {"realm": "kmodkit-test", "path": str(workdir / "htpasswd")}},
+        "auth": auth,
     }
     (workdir / "config.yml").write_text(json.dumps(config))
     # Without this, distribution v3 tries to export traces to localhost:4318.
@@ -122,8 +159,12 @@ def start(
     pid = procs.spawn(
         [str(build.binary("registry")), "serve", str(workdir / "config.yml")], log, env
     )
-    reg = Registry(f"127.0.0.1:{port}", username, password, ca, pid, log)
-    _wait(reg)
+    reg = Registry(f"127.0.0.1:{port}", username, password, ca, pid, log, issuer)
+    try:
+        _wait(reg)
+    except BaseException:
+        reg.stop()
+        raise
     return reg
 
 

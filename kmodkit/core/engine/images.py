@@ -23,6 +23,10 @@ _DIGEST_RE = re.compile(rf"^{_DIGEST}$")
 
 MAX_NAME_LENGTH = 255
 
+DOCKER_HUB = "registry-1.docker.io"
+"""Where Docker Hub serves the distribution API; ``docker.io`` itself answers none of it."""
+DOCKER_HUB_NAMES = frozenset({"docker.io", "index.docker.io", DOCKER_HUB})
+
 
 class ImageReferenceError(ValueError):
     """A string that is not an image reference; the message says what is wrong."""
@@ -41,6 +45,20 @@ class ImageReference:
     @property
     def name(self) -> str:
         return f"{self.domain}/{self.path}" if self.domain else self.path
+
+    @property
+    def registry(self) -> str:
+        """The host to ask: Docker Hub's API host for no host or any of Docker Hub's names."""
+        if not self.domain or self.domain.lower() in DOCKER_HUB_NAMES:
+            return DOCKER_HUB
+        return self.domain
+
+    @property
+    def repository(self) -> str:
+        """The repository on that host: Docker Hub keeps one-word names under ``library/``."""
+        if self.registry == DOCKER_HUB and "/" not in self.path:
+            return f"library/{self.path}"
+        return self.path
 
 
 def parse_image_reference(reference: str) -> ImageReference:

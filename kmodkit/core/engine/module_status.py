@@ -14,6 +14,8 @@ from typing import Any
 from kmodkit.core.api.status import DEGRADED, MAX_NODE_FAILURES, PROGRESSING, READY
 from kmodkit.core.engine.loader_plan import LoaderPlan, Phase
 
+MAX_UNCHECKED_IMAGES = 3
+
 
 def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") -> dict[str, Any]:
     meta = body.get("metadata") or {}
@@ -35,6 +37,9 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
         )
     )
     problem = invalid or plan.module_error
+    # Why images cannot be checked (a registry fault, a malformed pull secret) is the same
+    # for every node of an image: say it once per image, or status would never show it.
+    unchecked = list(dict.fromkeys(o.message for o in plan.outcomes if o.reason == "CheckingImage"))
 
     def cond(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
         status = "True" if ok else "False"
@@ -70,6 +75,7 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
             not problem and busy > 0,
             "Rolling" if busy else "Stable",
             f"{busy} nodes loading, updating or waiting for an image"
+            + "".join(f"; {why}" for why in unchecked[:MAX_UNCHECKED_IMAGES])
             if busy
             else "nothing in progress",
         ),

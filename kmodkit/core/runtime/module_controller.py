@@ -10,7 +10,6 @@ cluster on every pass, so the operator can be killed at any moment.
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import os
@@ -53,12 +52,13 @@ from kmodkit.core.engine.loader_pod import (
 )
 from kmodkit.core.engine.module_status import module_status
 from kmodkit.core.engine.registry import (
+    DEFAULT_TIMEOUT_SECONDS,
     Answer,
     AnswerCache,
     Existence,
+    PullSecret,
     check,
-    credentials_for,
-    registry_host,
+    read_pull_secret,
 )
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.owners import controller_reference
@@ -80,6 +80,8 @@ class ModuleControllerSettings:
     resync_seconds: float = 300.0
     recheck_seconds: float = 60.0
     """How often a missing or unreachable image is asked for again (a push may land)."""
+    registry_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    """The most one image check may take, redirects and token requests included."""
 
     @classmethod
     def from_env(cls) -> ModuleControllerSettings:
@@ -96,6 +98,9 @@ class ModuleControllerSettings:
             ),
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
             recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),
+            registry_timeout_seconds=float(
+                env.get("KMODKIT_REGISTRY_TIMEOUT_SECONDS", str(DEFAULT_TIMEOUT_SECONDS))
+            ),
         )
 
 
@@ -278,22 +283,32 @@ class ModuleController:
             ):
                 answers[image] = cached
                 continue
-            body = secret()
-            host = registry_host(parse_image_reference(image))
-            creds = credentials_for(body, host) if body is not None else None
-            answer = check(image, creds, resolved.registry_tls, self.settings.registry_ca_bundle)
+            pull = secret()
+            if pull.problem:
+                # Not cached: the next pass reads the Secret again, so a fix is seen at once
+                # rather than after the registry back-off.
+                answers[image] = Answer(Existence.UNKNOWN, pull.problem)
+                continue
+            answer = check(
+                image,
+                pull.credentials_for(parse_image_reference(image).registry),
+                resolved.registry_tls,
+                self.settings.registry_ca_bundle,
+                self.settings.registry_timeout_seconds,
+            )
             self.answers.put((image, trigger), answer)
             answers[image] = answer
         return answers
 
-    def _pull_secret(self, module: Module) -> str | None:
+    def _pull_secret(self, module: Module) -> PullSecret:
         ref = module.spec.image_repo_secret
         if ref is None:
-            return None
-        data = self.kube.read_secret(module.metadata.namespace or "", ref.name or "")
-        if not data or ".dockerconfigjson" not in data:
-            return None
-        return base64.b64decode(data[".dockerconfigjson"]).decode()
+            return PullSecret()
+        ns = module.metadata.namespace or ""
+        data = self.kube.read_secret(ns, ref.name or "")
+        # A Secret that is not there yet is no login, as for the kubelet: public images
+        # still resolve, private ones say they need credentials.
+        return PullSecret() if data is None else read_pull_secret(f"{ns}/{ref.name}", data)
 
     def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> None:
         # Creations first: a pod is deleted only once the pod that takes over its

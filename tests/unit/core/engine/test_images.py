@@ -56,3 +56,25 @@ def test_a_port_is_not_a_tag() -> None:
         require_tag_or_digest("registry:5000/mod")
     assert require_tag_or_digest("registry:5000/mod:v1").tag == "v1"
     assert require_tag_or_digest(f"registry:5000/mod@{DIGEST}").digest == DIGEST
+
+
+@pytest.mark.parametrize(
+    ("reference", "registry", "repository"),
+    [
+        ("ubuntu:24.04", "registry-1.docker.io", "library/ubuntu"),
+        ("docker.io/ubuntu:24.04", "registry-1.docker.io", "library/ubuntu"),
+        ("docker.io/library/ubuntu:24.04", "registry-1.docker.io", "library/ubuntu"),
+        ("index.docker.io/nvidia/cuda:12", "registry-1.docker.io", "nvidia/cuda"),
+        ("Docker.IO/busybox:1", "registry-1.docker.io", "library/busybox"),
+        ("registry-1.docker.io/org/mod:1", "registry-1.docker.io", "org/mod"),
+        ("org/mod:1", "registry-1.docker.io", "org/mod"),
+        ("quay.io/mod:1", "quay.io", "mod"),
+        ("localhost:5000/mod:1", "localhost:5000", "mod"),
+        ("registry.k8s.io/pause:3.10", "registry.k8s.io", "pause"),
+    ],
+)
+def test_the_registry_to_ask_and_the_repository_there(
+    reference: str, registry: str, repository: str
+) -> None:
+    parsed = parse_image_reference(reference)
+    assert (parsed.registry, parsed.repository) == (registry, repository)
