@@ -814,3 +814,53 @@ def test_a_bumped_rebuild_trigger_retries_a_failed_build_without_its_back_off(
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "btr"
     )
+
+
+def test_a_refused_pod_is_reported_and_the_rest_of_the_pass_goes_on(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    """A quota lets one loader pod in: the others are refused by the API server, the
+    Module says so (condition and Warning, with the API's own message), and the node
+    whose pod was made still gets its label in the same passes."""
+    tag, names = fleet
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
+    )
+    # The quota admits nothing until its controller has counted what is there.
+    wait_until(
+        lambda: core.read_namespaced_resource_quota("one-pod", namespace).status.hard or {},
+        "the quota to be counted",
+    )
+    ready = _apply_simple(
+        kube_api, namespace, oci_registry, tag, "quota", f"{oci_registry.host}/kmods/quota:1"
+    )
+    a_nodes = _a_nodes(names)
+    wait_until(
+        lambda: sum(ready in _labels(kube_api, n) for n in a_nodes) == 1, "the admitted node"
+    )
+
+    def degraded() -> str:
+        conditions = _status(kube_api, namespace, "quota").get("conditions") or []
+        return next(
+            (
+                c["message"]
+                for c in conditions
+                if c["type"] == "Degraded" and c["reason"] == "ApplyFailed"
+            ),
+            "",
+        )
+
+    message = wait_until(degraded, "the refusal in status")
+    assert "exceeded quota" in message and "creating Pod" in message, message
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=quota")
+    refused = [e for e in events.items if e.reason == "ApplyFailed"]
+    assert refused and all(e.type == "Warning" and "exceeded quota" in e.message for e in refused)
+    assert all("<bound method" not in e.message for e in refused)
+    core.delete_namespaced_resource_quota("one-pod", namespace)
+    wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "every node once admitted", 90)
+    _delete_and_wait_unload(kube_api, namespace, "quota")

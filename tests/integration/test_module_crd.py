@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit.core.api import Module
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.unit.examples import kmm_example, kmodkit_example, minimal
+from tests.unit.examples import image_from_the_container, kmm_example, kmodkit_example, minimal
 from tests.unit.module_cases import CASES, Case
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
@@ -59,6 +59,7 @@ VALID = {
     "minimal": minimal,
     "full-kmodkit": kmodkit_example,
     "full-kmm-body": _kmm_body_as_kmodkit,
+    "mapping-image-from-the-container": image_from_the_container,
 }
 
 

@@ -286,7 +286,7 @@ def test_a_registry_fault_reaches_status_and_is_not_asked_again_each_pass(
     front.mode, front.status = Mode.STATUS, 502
     config = {"auths": {front.host: {"username": reg.username, "password": reg.password}}}
     kube = StatusKube({".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()})
-    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system", nodes_synced=True)  # type: ignore[arg-type]
     shared.nodes["a"] = NodeView("a", {}, KERNEL)
     controller = ModuleController(
         shared,

@@ -111,3 +111,11 @@ def minimal(**container: Any) -> dict[str, Any]:
     }
     body["spec"]["moduleLoader"]["container"].update(container)
     return body
+
+
+def image_from_the_container() -> dict[str, Any]:
+    """KMM's shape: a mapping with no containerImage takes the container's."""
+    return minimal(
+        containerImage="quay.io/org/mod:${KERNEL_FULL_VERSION}",
+        kernelMappings=[{"regexp": "^.+$"}],
+    )

@@ -114,6 +114,12 @@ CASES = [
         admission_path=f"{C}.kernelMappings",
     ),
     Case(
+        "no-image-anywhere-key-unset",
+        _mapping(containerImage=None),
+        f"{C}.kernelMappings[0].containerImage",
+        admission_path=f"{C}.kernelMappings",
+    ),
+    Case(
         "no-kernel-mappings",
         _container(lambda c: c.update(kernelMappings=[])),
         f"{C}.kernelMappings",

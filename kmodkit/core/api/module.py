@@ -213,8 +213,8 @@ class KernelMapping(KubeModel):
     """A kernel version matched exactly."""
     regexp: Text | None = None
     """An RE2 regular expression searched for in the kernel version (use ^ and $ to anchor)."""
-    container_image: Annotated[ImageRef, Field(json_schema_extra=cel_rules(_IMAGE_RULE))]
-    """Image for these kernels; empty to use the container's containerImage."""
+    container_image: Annotated[ImageRef, Field(json_schema_extra=cel_rules(_IMAGE_RULE))] = ""
+    """Image for these kernels; empty or unset to use the container's containerImage."""
     build: Build | None = None
     """Build settings merged over the container's."""
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
@@ -230,7 +230,7 @@ class ModuleLoaderContainer(KubeModel):
         json_schema_extra=cel_rules(
             cel(
                 "(has(self.containerImage) && self.containerImage != '') "
-                "|| self.kernelMappings.all(m, m.containerImage != '')",
+                "|| self.kernelMappings.all(m, has(m.containerImage) && m.containerImage != '')",
                 MAPPING_IMAGE_MSG,
                 subject="kernelMappings[].containerImage",
                 field_path=".kernelMappings",

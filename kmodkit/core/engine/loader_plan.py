@@ -94,6 +94,8 @@ class NodeOutcome:
 class LoaderPlan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    deletes_by_node: dict[str, list[str]] = field(default_factory=dict)
+    """``delete`` by node: a node whose new pod could not be made keeps its old one."""
     node_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
     outcomes: list[NodeOutcome] = field(default_factory=list)
     awaiting_consumers: list[str] = field(default_factory=list)
@@ -856,5 +858,7 @@ def _apply(out: LoaderPlan, step: NodeStep) -> None:
     if step.create is not None:
         out.create.append(step.create)
     out.delete.extend(step.delete)
+    if step.delete:
+        out.deletes_by_node.setdefault(step.node, []).extend(step.delete)
     if step.awaiting_consumers:
         out.awaiting_consumers.append(step.node)

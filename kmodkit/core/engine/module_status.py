@@ -7,7 +7,7 @@ writes only when something changed, keeping lastTransitionTime stable.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +17,17 @@ from kmodkit.core.engine.loader_plan import LoaderPlan, Phase
 MAX_UNCHECKED_IMAGES = 3
 
 
-def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") -> dict[str, Any]:
+MAX_REFUSED_WRITES = 3
+"""Refused writes named in a condition; the Events name each one."""
+
+
+def module_status(
+    body: Mapping[str, Any],
+    plan: LoaderPlan,
+    invalid: str = "",
+    apply_failures: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``apply_failures``: the writes of the pass the API server refused, with its messages."""
     meta = body.get("metadata") or {}
     generation = meta.get("generation")
     old = {c.get("type"): c for c in (body.get("status") or {}).get("conditions") or []}
@@ -56,19 +66,29 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
 
     reasons = Counter(f.reason for f in failures)
     summary = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+    refused = (
+        f"{len(apply_failures)} writes refused: "
+        + "; ".join(apply_failures[:MAX_REFUSED_WRITES])
+        + ("; ..." if len(apply_failures) > MAX_REFUSED_WRITES else "")
+    )
+    trouble = (
+        ("Invalid", problem)
+        if problem
+        else ("ApplyFailed", refused)
+        if apply_failures
+        else ("NodesFailing", f"{len(failures)} nodes failing: {summary}")
+        if failures
+        else None
+    )
+    loaded_message = f"{loaded}/{desired} nodes loaded" + (
+        f"; failing: {summary}" if failures else ""
+    )
     conditions = [
         cond(
             READY,
-            not problem and not failures and busy == 0,
-            "Invalid"
-            if problem
-            else "NodesFailing"
-            if failures
-            else "Progressing"
-            if busy
-            else "AllLoaded",
-            problem
-            or (f"{loaded}/{desired} nodes loaded" + (f"; failing: {summary}" if failures else "")),
+            trouble is None and busy == 0,
+            trouble[0] if trouble else "Progressing" if busy else "AllLoaded",
+            problem or (f"{loaded_message}; {refused}" if apply_failures else loaded_message),
         ),
         cond(
             PROGRESSING,
@@ -81,9 +101,9 @@ def module_status(body: Mapping[str, Any], plan: LoaderPlan, invalid: str = "") 
         ),
         cond(
             DEGRADED,
-            bool(problem or failures),
-            "Invalid" if problem else "NodesFailing" if failures else "AsExpected",
-            problem or (f"{len(failures)} nodes failing: {summary}" if failures else ""),
+            trouble is not None,
+            trouble[0] if trouble else "AsExpected",
+            trouble[1] if trouble else "",
         ),
     ]
     status: dict[str, Any] = {

@@ -21,6 +21,21 @@ from kmodkit.core.labels import FIELD_MANAGER
 log = logging.getLogger("kmodkit.kube")
 
 
+def api_message(err: BaseException) -> str:
+    """What the API server said when it refused a call (admission, quota, a webhook):
+    the Status object's message, which names the object and the rule."""
+    body = getattr(err, "body", None)
+    if isinstance(body, bytes | str) and body:
+        try:
+            status = json.loads(body)
+        except ValueError:
+            status = None
+        if isinstance(status, dict) and status.get("message"):
+            return str(status["message"])
+    reason = getattr(err, "reason", None)
+    return str(reason) if isinstance(reason, str) and reason else str(err)
+
+
 class Kube:
     """The API calls the engine makes, on one ApiClient."""
 

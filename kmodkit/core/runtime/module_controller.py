@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from kmodkit.core import labels
@@ -63,11 +65,16 @@ from kmodkit.core.engine.registry import (
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
+
+log = logging.getLogger("kmodkit.engine")
 
 MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
 CONSUMER_RECHECK_SECONDS = 5.0
+RETRY_FAILED_SECONDS = 30.0
+"""How soon a pass whose writes were refused tries them again."""
 """How soon a pass looks again at pods still gated on a node's labels before unloading it."""
 
 
@@ -193,6 +200,8 @@ class ModuleController:
         """One pass over a Module; returns seconds until a timed retry is due."""
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
+        if not self.shared.nodes_synced:
+            return CACHE_WAIT_SECONDS
         nodes = list(self.nodes.values())  # the watch updates the cache from another thread
         try:
             module = Module.model_validate(body)
@@ -229,11 +238,16 @@ class ModuleController:
             held = any(consumers.values())
 
         owner = controller_reference({**body, **MODULE_REF})
+        failures = []
         for job in builds.create:
             job["metadata"]["ownerReferences"] = [owner]
-            self.kube.create(job)
+            failures += self._attempt(
+                f"creating Job {ns}/{job['metadata']['name']}", self.kube.create, job
+            )
         for job_name in builds.delete:
-            self.kube.delete_job(ns, job_name)
+            failures += self._attempt(
+                f"deleting Job {ns}/{job_name}", self.kube.delete_job, ns, job_name
+            )
         # A namespaced object's Event must name its namespace, or it is refused.
         module_ref = {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns}
         unposted = set()
@@ -249,11 +263,12 @@ class ModuleController:
         for job_name, reported in builds.reported.items():
             if job_name not in unposted:
                 self.kube.annotate_job(ns, job_name, {REPORTED_ANNOTATION: reported})
-        self._apply_pods(final, owner, ns)
-        self._label_nodes(final.node_labels, ns, name)
+        failures += self._apply_pods(final, owner, ns)
+        failures += self._label_nodes(final.node_labels, ns, name)
         self._report_unload_failures(final, body)
+        self._report_failures(body, "ApplyFailed", failures)
         metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
-        self._write_status(body, module_status(body, final))
+        self._write_status(body, module_status(body, final, apply_failures=failures))
         waiting = any(
             s.state in (ImageState.MISSING, ImageState.UNKNOWN) for s in builds.states.values()
         )
@@ -263,6 +278,7 @@ class ModuleController:
                 builds.requeue_after,
                 self.settings.recheck_seconds if waiting else None,
                 CONSUMER_RECHECK_SECONDS if held else None,
+                RETRY_FAILED_SECONDS if failures else None,
             )
             if t
         ]
@@ -310,39 +326,63 @@ class ModuleController:
         # still resolve, private ones say they need credentials.
         return PullSecret() if data is None else read_pull_secret(f"{ns}/{ref.name}", data)
 
-    def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> None:
+    def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> list[str]:
+        """Create, then delete; a refused call is one failure (returned, with the API's
+        message), and the rest of the pass goes on."""
+        failures = []
+        refused: set[str] = set()
         # Creations first: a pod is deleted only once the pod that takes over its
         # record (a successor, an unloader) exists.
         for pod in final.create:
             pod["metadata"]["ownerReferences"] = [owner]
-            self.kube.create(pod)
-        for pod_name in final.delete:
-            self.kube.delete_pod(ns, pod_name)
+            made = self._attempt(
+                f"creating Pod {ns}/{pod['metadata']['name']}", self.kube.create, pod
+            )
+            if made:
+                refused.add(pod["spec"]["nodeName"])
+            failures += made
+        for node, names in final.deletes_by_node.items():
+            for pod_name in names if node not in refused else ():
+                failures += self._attempt(
+                    f"deleting Pod {ns}/{pod_name}", self.kube.delete_pod, ns, pod_name
+                )
+        return failures
 
-    def _report_unload_failures(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
+    def _report_failures(
+        self, body: Mapping[str, Any], reason: str, messages: Iterable[str]
+    ) -> None:
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
-        for failure in (o for o in final.outcomes if o.reason == UNLOAD_FAILED):
-            # Named after what failed: one Event per failed try, not one per pass.
-            digest = hashlib.sha256(f"{failure.node}\0{failure.message}".encode()).hexdigest()
+        for message in messages:
+            # Named after what failed: one Event per distinct failure, not one per pass.
+            digest = hashlib.sha256(f"{reason}\0{message}".encode()).hexdigest()
             self.kube.event(
                 {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
                 "Module",
-                UNLOAD_FAILED,
-                f"node {failure.node}: {failure.message}",
+                reason,
+                message,
                 ns,
                 warning=True,
-                name=f"{name}.unload.{digest[:16]}",
+                name=f"{name}.{reason.lower()}.{digest[:16]}",
             )
+
+    def _report_unload_failures(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
+        self._report_failures(
+            body,
+            UNLOAD_FAILED,
+            (f"node {o.node}: {o.message}" for o in final.outcomes if o.reason == UNLOAD_FAILED),
+        )
 
     def _label_nodes(
         self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
-    ) -> None:
+    ) -> list[str]:
         ready_key = labels.READY.key(ns, name)
+        failures = []
         for node, change in sorted(changes.items()):
-            self.kube.label_node(node, change)
+            refused = self._attempt(f"labelling Node {node}", self.kube.label_node, node, change)
+            failures += refused
             view = self.nodes.get(node)
-            if ready_key not in change or view is None:
+            if refused or ready_key not in change or view is None:
                 continue
             loaded = change[ready_key] is not None
             self.kube.event(
@@ -352,6 +392,17 @@ class ModuleController:
                 f"Module {ns}/{name} {'loaded into' if loaded else 'unloaded from'} the kernel",
                 "default",
             )
+        return failures
+
+    @staticmethod
+    def _attempt(what: str, call: Callable[..., object], *args: object) -> list[str]:
+        """One write of a pass: a refusal is reported (with the API's message), not raised."""
+        try:
+            call(*args)
+        except ApiException as err:
+            log.warning("%s failed: %s", what, api_message(err))
+            return [f"{what}: {api_message(err)}"]
+        return []
 
     def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
         """``namespace/name`` of the pods on ``node`` that run only while it carries one of
@@ -379,6 +430,10 @@ class ModuleController:
         """
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
+        if not self.shared.nodes_synced:
+            raise kopf.TemporaryError(
+                "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
+            )
         module = _removal_module(body)
         nodes = list(self.nodes.values())  # the watch updates the cache from another thread
         seen = {n.name for n in nodes}
@@ -387,9 +442,10 @@ class ModuleController:
             consumers = {n: self._gated_pods(n, ns, name) for n in removal.awaiting_consumers}
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
-        self._apply_pods(removal, owner, ns)
-        self._label_nodes(removal.node_labels, ns, name)
+        failures = self._apply_pods(removal, owner, ns)
+        failures += self._label_nodes(removal.node_labels, ns, name)
         self._report_unload_failures(removal, body)
+        self._report_failures(body, "ApplyFailed", failures)
         if pods:
             unseen = sorted({p.node for p in pods if p.node not in seen})
             held = [f"{o.node} ({o.message})" for o in removal.outcomes]

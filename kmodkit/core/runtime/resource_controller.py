@@ -25,8 +25,9 @@ from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 
 log = logging.getLogger("kmodkit.controller")
 
@@ -159,6 +160,10 @@ class ResourceController:
                 crd.group, crd.version, crd.plural, id=f"{self._id}.finalize", registry=registry
             )
             def finalize(body: kopf.Body, **kwargs: Any) -> None:
+                if not self.shared.nodes_synced:
+                    raise kopf.TemporaryError(
+                        "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
+                    )
                 # A rollout must never leave a node cordoned because its policy went away.
                 watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
                 plan = self.resource.plan(dict(body), self._view(watched, []))
@@ -186,6 +191,8 @@ class ResourceController:
     def reconcile(
         self, body: dict[str, Any], watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]
     ) -> float | None:
+        if not self.shared.nodes_synced:
+            return CACHE_WAIT_SECONDS  # a half-filled node cache is not a smaller fleet
         view = self._view(watched, owned)
         plan = self.resource.plan(body, view)
         failed = self._apply(body, plan)
@@ -229,7 +236,7 @@ class ResourceController:
                 what = (
                     f"{body.get('kind')} {obj_meta.get('namespace') or ''}/{obj_meta.get('name')}"
                 )
-                reason = getattr(err, "summary", None) or getattr(err, "reason", None) or err
+                reason = api_message(err)
                 log.warning(
                     "applying %s for %s %s failed: %s",
                     what,

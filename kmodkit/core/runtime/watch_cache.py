@@ -8,6 +8,7 @@ restart and never hold progress.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from kubernetes import client
 
 from kmodkit.core.nodes import NodeView, node_view
 from kmodkit.core.runtime.kube import Kube
+
+CACHE_WAIT_SECONDS = 1.0
+"""How soon a pass that found the node cache still filling tries again."""
 
 
 class Wakeups:
@@ -52,12 +56,34 @@ class Shared:
     builtin_groups: frozenset[str] = frozenset()
     """Groups the apiserver serves itself (resource.k8s.io, ...), read at start-up."""
     wakeups: Wakeups = field(default_factory=Wakeups)
+    nodes_synced: bool = False
+    """The node cache holds every node (a full listing landed): only then may a pass run.
+    A pass on a cache still filling would take the nodes it misses for nodes that
+    are gone."""
 
     def forget(self) -> None:
         """Drop what the watches said; they list everything again on restart."""
+        self.nodes_synced = False
         self.nodes.clear()
         self.raw_nodes.clear()
         self.crd_groups.clear()
+
+    def sync_nodes(self, page: int = 500) -> None:
+        """Fill the node cache from a full listing (in pages), then mark it synced."""
+        core: Any = client.CoreV1Api(self.kube.api)
+        token: str | None = None
+        while True:
+            listing = core.list_node(limit=page, _continue=token, _preload_content=False)
+            body = json.loads(listing.data)
+            for item in body.get("items") or []:
+                name = item["metadata"]["name"]
+                self.nodes[name] = node_view(item)
+                self.raw_nodes[name] = item
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        self.nodes_synced = True
+        self.wakeups.wake_all()
 
     @property
     def api_groups(self) -> frozenset[str]:
@@ -72,6 +98,12 @@ class Shared:
             # CRD groups come and go with their CRDs; they are tracked by the watch below.
             from_crds = {crd.spec.group for crd in ext.list_custom_resource_definition().items}
             self.builtin_groups = frozenset(served - from_crds)
+
+        @kopf.on.startup(registry=registry)
+        def sync_nodes(**_: Any) -> None:
+            # Startup handlers finish before any watch or daemon starts, and run
+            # again when the watches restart in-process: no pass sees a half cache.
+            self.sync_nodes()
 
         @kopf.on.event("", "v1", "nodes", registry=registry)
         async def node_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:

@@ -17,7 +17,8 @@ from kmodkit.core.engine.kernel_mapping import (
     override_build_args,
     resolve,
 )
-from tests.unit.examples import kmm_example, minimal
+from kmodkit.core.engine.module_rules import validate_module
+from tests.unit.examples import image_from_the_container, kmm_example, minimal
 
 
 def _module(body: dict[str, Any]) -> Module:
@@ -262,3 +263,10 @@ def test_resolve_never_crashes(
         return
     if isinstance(result, ResolvedMapping):
         assert "$" not in result.container_image
+
+
+def test_a_mapping_without_an_image_takes_the_containers_as_kmm_does() -> None:
+    body = image_from_the_container()
+    assert validate_module(body) == []
+    resolved = _resolved(body, "6.8.0-45-generic")
+    assert resolved.container_image == "quay.io/org/mod:6.8.0-45-generic"

@@ -88,7 +88,7 @@ def _module() -> dict[str, Any]:
 
 
 def _controller(kube: RecordingKube, existence: Existence) -> ModuleController:
-    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system", nodes_synced=True)  # type: ignore[arg-type]
     shared.nodes["n1"] = NodeView("n1", {}, KERNEL, "amd64", True)
     settings = ModuleControllerSettings(
         loader=LoaderSettings(agent_image="registry.example.com/agent:1"),

@@ -26,7 +26,7 @@ from kmodkit.core.engine.loader_pod import (
 )
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
-from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 
 NS, NAME, KERNEL = "drivers", "xe", "6.8.0-45-generic"
 READY = labels.READY.key(NS, NAME)
@@ -70,8 +70,8 @@ class RecordingKube:
         pass
 
 
-def _controller(kube: RecordingKube, seen: list[str]) -> ModuleController:
-    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+def _controller(kube: RecordingKube, seen: list[str], synced: bool = True) -> ModuleController:
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system", nodes_synced=synced)  # type: ignore[arg-type]
     for name in seen:
         shared.nodes[name] = NodeView(name, {READY: ""}, KERNEL)
     settings = ModuleControllerSettings(
@@ -134,3 +134,15 @@ def test_the_finalizer_stays_until_every_unloader_has_succeeded() -> None:
         controller.finalize(BODY, done)
     assert kube.deleted[-1] == unloaders[0].name
     controller.finalize(BODY, [])  # nothing left: the finalizer goes
+
+
+def test_nothing_is_planned_or_unloaded_before_the_node_cache_is_synced() -> None:
+    # Start-up, failover, a watch restarted in-process: the cache is filling, and
+    # a node it misses is not a node that is gone.
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a"], synced=False)
+    _labels_gone(controller)
+    assert controller.reconcile(dict(BODY), [_pod("a"), _pod("b")], []) == CACHE_WAIT_SECONDS
+    with pytest.raises(kopf.TemporaryError, match="node cache"):
+        controller.finalize(BODY, [_pod("a"), _pod("b")])
+    assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])

@@ -60,7 +60,7 @@ def _controller(
         return Answer(Existence.UNKNOWN, "registry quay.io answered HTTP 503")
 
     monkeypatch.setattr(module_controller, "check", recorded_check)
-    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system", nodes_synced=True)  # type: ignore[arg-type]
     shared.nodes["a"] = NodeView("a", {}, KERNEL)
     controller = ModuleController(
         shared,
