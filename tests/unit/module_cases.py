@@ -120,6 +120,16 @@ CASES = [
         admission_path=f"{C}.kernelMappings",
     ),
     Case(
+        "dir-name-not-a-plain-path",
+        _modprobe(dirName="/opt a; echo hi"),
+        f"{C}.modprobe.dirName",
+    ),
+    Case(
+        "firmware-path-relative",
+        _modprobe(firmwarePath="firmware"),
+        f"{C}.modprobe.firmwarePath",
+    ),
+    Case(
         "no-kernel-mappings",
         _container(lambda c: c.update(kernelMappings=[])),
         f"{C}.kernelMappings",

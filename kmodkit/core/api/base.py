@@ -26,8 +26,11 @@ ShortName = Annotated[str, Field(max_length=256)]
 ImageRef = Annotated[str, Field(max_length=512)]
 # Node selectors: label values are at most 63 characters.
 LabelSelector = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
-# Free text a user writes: regexps, modprobe arguments, build-arg values, paths.
+# Free text a user writes: regexps, modprobe arguments, build-arg values.
 Text = Annotated[str, Field(max_length=4096)]
+# An absolute path in an image: plain path characters only, so no tool ever sees a
+# space, a quote or a shell character in one (paths are arguments, never parsed).
+AbsolutePath = Annotated[str, Field(max_length=4096, pattern=r"^/[A-Za-z0-9._+@=/-]*$")]
 
 
 def cel(

@@ -18,6 +18,7 @@ from typing import Annotated, Final, Literal
 from pydantic import ConfigDict, Field
 
 from kmodkit.core.api.base import (
+    AbsolutePath,
     ImageRef,
     KubeModel,
     LabelSelector,
@@ -155,13 +156,13 @@ class ModprobeSpec(KubeModel):
     """Name of the kernel module to load (as given to modprobe)."""
     parameters: list[Text] | None = Field(default=None, max_length=64)
     """Module parameters passed after the module name."""
-    dir_name: Text = "/opt"
+    dir_name: AbsolutePath = "/opt"
     """Directory in the image that holds lib/modules/<kernel>."""
     args: ModprobeArgs | None = None
     """Extra modprobe arguments, added to kmodkit's own."""
     raw_args: ModprobeArgs | None = None
     """Complete modprobe command lines, used instead of kmodkit's."""
-    firmware_path: Text | None = None
+    firmware_path: AbsolutePath | None = None
     """Directory in the image whose contents are copied to the host firmware path."""
     modules_loading_order: list[ShortName] | None = Field(default=None, max_length=64)
     """moduleName followed by the modules that must be loaded before it."""

@@ -58,6 +58,14 @@ AGENT_CONFIG_DIR = "/etc/kmodkit"
 # Firmware directories the kernel searches without being told (no sysfs write).
 BUILTIN_FIRMWARE_DIRS = ("/lib/firmware", "/lib/firmware/updates")
 
+# What loading a module takes: CAP_SYS_MODULE, and on SELinux hosts (RHEL,
+# OpenShift) the spc_t type, as container_t may not load modules; hosts without
+# SELinux ignore the type.
+MODULE_LOADING: Mapping[str, Any] = {
+    "capabilities": {"add": ["SYS_MODULE"], "drop": ["ALL"]},
+    "runAsUser": 0,
+    "seLinuxOptions": {"type": "spc_t"},
+}
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
 
 # Loader pods stay through a cordon or a NotReady spell, as DaemonSet pods do.
@@ -330,11 +338,7 @@ def pod_template(
         *_agent_volumes(_host_paths(settings, firmware, privileged)),
     ]
     agent = list(AGENT_COMMAND)
-    security: dict[str, Any] = (
-        {"privileged": True}
-        if privileged
-        else {"capabilities": {"add": ["SYS_MODULE"], "drop": ["ALL"]}, "runAsUser": 0}
-    )
+    security: dict[str, Any] = {"privileged": True} if privileged else dict(MODULE_LOADING)
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "serviceAccountName": module.spec.module_loader.service_account_name or "default",
@@ -436,10 +440,7 @@ def unload_pod(
                 "name": "agent",
                 "image": settings.agent_image,
                 "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
-                "securityContext": {
-                    "capabilities": {"add": ["SYS_MODULE"], "drop": ["ALL"]},
-                    "runAsUser": 0,
-                },
+                "securityContext": dict(MODULE_LOADING),
                 "volumeMounts": _agent_mounts(host),
                 "resources": _resources(),
             }

@@ -576,3 +576,24 @@ def test_a_pod_from_before_pods_recorded_their_module_is_not_reloaded() -> None:
     assert (old.module_hash, old.leaves_loaded) == (wanted, False)
     p = plan(m, [n], [old], all_exist(m, [n]), SETTINGS)
     assert (p.create, p.delete, p.node_labels) == ([], [], {})
+
+
+def test_a_loader_pod_is_node_critical_probes_patiently_and_runs_no_shell() -> None:
+    m = module(modprobe={"moduleName": "xe", "firmwarePath": "/firmware"})
+    builtin = LoaderSettings(agent_image="x/a:1", firmware_host_path="/lib/firmware")
+    pod = loader_pod(m, node("a"), resolve(m, K1), builtin)  # type: ignore[arg-type]
+    spec = pod["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    (agent,) = spec["containers"]
+    probe = agent["readinessProbe"]
+    assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (10, 3)
+    assert agent["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    assert [c["command"][0] for c in spec["initContainers"]] == ["cp", "cp"]
+    # The staging copies are caches: the autoscaler may drain the node.
+    volumes = pod["metadata"]["annotations"][
+        "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+    ]
+    assert set(volumes.split(",")) == {"staging", "firmware"}
+    # The agent may write modules.dep next to the copied modules.
+    staging = next(v for v in agent["volumeMounts"] if v["name"] == "staging")
+    assert not staging.get("readOnly") and staging["mountPath"].endswith(f"/lib/modules/{K1}")
