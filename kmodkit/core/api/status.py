@@ -63,6 +63,13 @@ class NodeFailure(KubeModel):
     """What is wrong and what to do about it."""
 
 
+class UnmappedNode(KubeModel):
+    """A selected node no kernel mapping serves: not a failure, nothing is loaded there."""
+
+    node: ObjectName
+    kernel: Text
+
+
 class ModuleStatus(KubeModel):
     """Observed state of a Module."""
 
@@ -74,6 +81,9 @@ class ModuleStatus(KubeModel):
     module_loader: ModuleLoaderStatus | None = None
     node_failures: list[NodeFailure] | None = Field(default=None, max_length=MAX_NODE_FAILURES)
     """Nodes where loading failed, at most 50; the Degraded condition counts them all."""
+    unmapped_nodes: list[UnmappedNode] | None = Field(default=None, max_length=MAX_NODE_FAILURES)
+    """Selected nodes whose kernel no mapping matches, at most 50 (the Ready condition counts
+    them all): they are not desired, as in KMM, and do not make the Module Degraded."""
     image_rebuild_trigger_generation: int | None = Field(default=None, ge=0)
     """The spec.imageRebuildTriggerGeneration the engine last acted on (as KMM's status field):
     images re-checked with their registry and failed builds retried without back-off."""

@@ -97,11 +97,14 @@ def _node_counts(status: Mapping[str, Any]) -> str:
     loader = status.get("moduleLoader")
     if isinstance(loader, Mapping):
         failing = len(status.get("nodeFailures") or [])
+        unmapped = len(status.get("unmappedNodes") or [])
         parts = [
             f"targeted={loader.get('nodesMatchingSelectorNumber', 0)}",
             f"loaded={loader.get('availableNumber', 0)}/{loader.get('desiredNumber', 0)}",
+            *([f"failing={failing}"] if failing else []),
+            *([f"unmapped={unmapped}"] if unmapped else []),
         ]
-        return " ".join(parts + ([f"failing={failing}"] if failing else []))
+        return " ".join(parts)
     summary = status.get("summary")
     if isinstance(summary, Mapping):
         return " ".join(f"{k}={v}" for k, v in summary.items() if isinstance(v, int) and v) or "-"

@@ -77,6 +77,8 @@ class Phase(StrEnum):
     UPDATING = "Updating"
     WAITING = "Waiting"
     FAILED = "Failed"
+    UNMAPPED = "Unmapped"
+    """Selected, but no kernel mapping serves the node's kernel: nothing to load there."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class NodeOutcome:
     reason: str
     message: str = ""
     mapping_index: int | None = None
+    kernel: str = ""
+    """The node's kernel, where the outcome is about it (no mapping serves it)."""
 
 
 @dataclass
@@ -754,10 +758,11 @@ def _unloader(node: NodeView, pods: NodePods, ctx: Context, targeted: bool) -> N
 def _no_mapping(node: NodeView) -> NodeOutcome:
     return NodeOutcome(
         node.name,
-        Phase.FAILED,
+        Phase.UNMAPPED,
         "NoMapping",
         f"no kernelMapping matches kernel {node.kernel!r}; add a mapping for it or "
         "exclude the node with spec.selector",
+        kernel=node.kernel,
     )
 
 

@@ -34,7 +34,9 @@ def module_status(
     phases = Counter(o.phase for o in plan.outcomes)
     failures = [o for o in plan.outcomes if o.phase is Phase.FAILED]
     loaded = phases[Phase.LOADED]
-    desired = sum(n for p, n in phases.items() if p is not Phase.WAITING) + sum(
+    unmapped = [o for o in plan.outcomes if o.phase is Phase.UNMAPPED]
+    # As KMM: a node no mapping serves is not desired (and not failing).
+    desired = sum(n for p, n in phases.items() if p not in (Phase.WAITING, Phase.UNMAPPED)) + sum(
         1 for o in plan.outcomes if o.phase is Phase.WAITING and o.reason != "AwaitingVersionLabel"
     )
     busy = (
@@ -80,8 +82,10 @@ def module_status(
         if failures
         else None
     )
-    loaded_message = f"{loaded}/{desired} nodes loaded" + (
-        f"; failing: {summary}" if failures else ""
+    loaded_message = (
+        f"{loaded}/{desired} nodes loaded"
+        + (f"; failing: {summary}" if failures else "")
+        + (f"; {len(unmapped)} selected nodes have no kernel mapping" if unmapped else "")
     )
     conditions = [
         cond(
@@ -126,6 +130,9 @@ def module_status(
                 if v is not None
             }
             for f in failures[:MAX_NODE_FAILURES]
+        ],
+        "unmappedNodes": [
+            {"node": u.node, "kernel": u.kernel} for u in unmapped[:MAX_NODE_FAILURES]
         ],
     }
     if not invalid:

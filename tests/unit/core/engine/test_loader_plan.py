@@ -148,7 +148,7 @@ def test_no_mapping_is_reported_by_node_and_unloads_what_ran_there() -> None:
     n = node("rhel", "5.14.0-427.el9.x86_64", **{READY: ""})
     p = plan(m, [n], [LoaderPod("old", "rhel", "h", n.kernel, "", True)], {}, SETTINGS)
     o = outcome(p, "rhel")
-    assert (o.phase, o.reason) == (Phase.FAILED, "NoMapping")
+    assert (o.phase, o.reason) == (Phase.UNMAPPED, "NoMapping")
     assert "5.14.0-427.el9.x86_64" in o.message
     # The label goes first; the module once nothing gated on it is left.
     assert p.delete == [] and p.node_labels == {"rhel": {READY: None}}

@@ -38,3 +38,26 @@ def test_an_invalid_module_does_not_claim_its_trigger_applied() -> None:
     m = loader.module()
     body = {**m.to_wire(), "spec": {**m.to_wire()["spec"], KEY: 3}}
     assert KEY not in module_status(body, plan(m, [], [], {}, loader.SETTINGS), invalid="bad")
+
+
+def test_a_node_no_mapping_serves_is_not_desired_nor_a_failure() -> None:
+    # As KMM: desiredNumber counts the nodes that should run the module.
+    m = loader.module()
+    mapped, unmapped = loader.node("a"), loader.node("rhel", "5.14.0-427.el9.x86_64")
+    nodes = [mapped, unmapped]
+    result = plan(
+        m, nodes, [loader.running(m, mapped)], loader.all_exist(m, nodes), loader.SETTINGS
+    )
+    got = module_status(m.to_wire(), result)
+    assert got["moduleLoader"] == {
+        "nodesMatchingSelectorNumber": 2,
+        "desiredNumber": 1,
+        "availableNumber": 1,
+        "readyNumber": 1,
+    }
+    conditions = {c["type"]: c for c in got["conditions"]}
+    assert conditions["Degraded"]["status"] == "False"
+    assert conditions["Ready"]["status"] == "True"
+    assert "1 selected nodes have no kernel mapping" in conditions["Ready"]["message"]
+    assert got["nodeFailures"] == []
+    assert got["unmappedNodes"] == [{"node": "rhel", "kernel": "5.14.0-427.el9.x86_64"}]
