@@ -130,6 +130,11 @@ CASES = [
         f"{C}.modprobe.firmwarePath",
     ),
     Case(
+        "in-tree-single-and-list",
+        _mapping(inTreeModuleToRemove="xe", inTreeModulesToRemove=["i915"]),
+        f"{C}.kernelMappings[0].inTreeModuleToRemove",
+    ),
+    Case(
         "no-kernel-mappings",
         _container(lambda c: c.update(kernelMappings=[])),
         f"{C}.kernelMappings",

@@ -58,6 +58,16 @@ MAPPING_BOTH_MSG = (
     "cannot be combined with regexp in one kernel mapping; keep literal to match one exact "
     "kernel, or regexp to match a family of kernels"
 )
+IN_TREE_BOTH_MSG = (
+    "inTreeModuleToRemove (deprecated) and inTreeModulesToRemove are both set; "
+    "keep only inTreeModulesToRemove"
+)
+_IN_TREE_RULE = cel(
+    "!(has(self.inTreeModulesToRemove) && has(self.inTreeModuleToRemove))",
+    IN_TREE_BOTH_MSG,
+    subject="inTreeModuleToRemove",
+    field_path=".inTreeModuleToRemove",
+)
 MAPPING_NEITHER_MSG = (
     "a kernel mapping needs regexp or literal; use literal for one exact kernel or regexp "
     "(RE2 syntax, matched anywhere in the kernel string) for a family"
@@ -207,6 +217,7 @@ class KernelMapping(KubeModel):
                 "|| (has(self.regexp) && self.regexp != '')",
                 MAPPING_NEITHER_MSG,
             ),
+            _IN_TREE_RULE,
         )
     )
 
@@ -222,6 +233,8 @@ class KernelMapping(KubeModel):
     """Registry TLS settings; replace the container's as a whole when set."""
     in_tree_modules_to_remove: list[ShortName] | None = Field(default=None, max_length=64)
     """In-tree modules to unload first; replaces the container's list when set."""
+    in_tree_module_to_remove: ShortName | None = None
+    """Deprecated (KMM's): one in-tree module; when set, it replaces either list."""
 
 
 class ModuleLoaderContainer(KubeModel):
@@ -236,6 +249,7 @@ class ModuleLoaderContainer(KubeModel):
                 subject="kernelMappings[].containerImage",
                 field_path=".kernelMappings",
             ),
+            _IN_TREE_RULE,
             cel(
                 "(has(self.version) && self.version != '') "
                 "== (has(oldSelf.version) && oldSelf.version != '')",
@@ -256,6 +270,8 @@ class ModuleLoaderContainer(KubeModel):
     """Kernel mappings, tried in order; the first that matches a node's kernel wins."""
     in_tree_modules_to_remove: list[ShortName] | None = Field(default=None, max_length=64)
     """In-tree modules to unload before loading this one."""
+    in_tree_module_to_remove: ShortName | None = None
+    """Deprecated (KMM's): one in-tree module; use inTreeModulesToRemove."""
     version: ShortName | None = None
     """Module version; enables ordered upgrades driven by node labels."""
     image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] | None = None

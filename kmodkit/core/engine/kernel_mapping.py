@@ -135,6 +135,11 @@ def _resolve_mapping(
         if mapping.in_tree_modules_to_remove is not None
         else container.in_tree_modules_to_remove or []
     )
+    # KMM's deprecated singular: the mapping's wins over the container's, and it
+    # replaces whichever list applied.
+    single = mapping.in_tree_module_to_remove or container.in_tree_module_to_remove
+    if single:
+        in_tree = [single]
     return ResolvedMapping(
         kernel=kernel,
         mapping_index=index,

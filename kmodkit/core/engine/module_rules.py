@@ -35,8 +35,6 @@ _KMM_ONLY_FIELDS = {
     "it or keep this Module on KMM",
     "dra": "is KMM's DRA driver support, which kmodkit leaves to backends; remove it or keep "
     "this Module on KMM",
-    "inTreeModuleToRemove": "is KMM's deprecated single-module form; write "
-    "inTreeModulesToRemove: [<module>] instead",
     "kanikoParams": "is KMM's kaniko setting, which kmodkit's builds do not use; remove it",
 }
 
@@ -135,8 +133,10 @@ def _check_container(module: Module) -> list[Problem]:
             container.container_image, f"{CONTAINER_PATH}.containerImage", name, namespace
         )
     problems += _check_build(container.build, CONTAINER_PATH)
+    problems += _check_in_tree(container, CONTAINER_PATH)
     for index, mapping in enumerate(container.kernel_mappings):
         path = mapping_path(index)
+        problems += _check_in_tree(mapping, path)
         if mapping.literal and mapping.regexp:
             problems.append(Problem(f"{path}.literal", module_api.MAPPING_BOTH_MSG))
         if not mapping.literal and not mapping.regexp:
@@ -151,6 +151,14 @@ def _check_container(module: Module) -> list[Problem]:
             problems.append(Problem(f"{path}.containerImage", module_api.MAPPING_IMAGE_MSG))
         problems += _check_build(mapping.build, path)
     return problems + _check_modprobe(module)
+
+
+def _check_in_tree(
+    spec: module_api.KernelMapping | module_api.ModuleLoaderContainer, path: str
+) -> list[Problem]:
+    if spec.in_tree_modules_to_remove is not None and spec.in_tree_module_to_remove is not None:
+        return [Problem(f"{path}.inTreeModuleToRemove", module_api.IN_TREE_BOTH_MSG)]
+    return []
 
 
 def _check_regexp(pattern: str, path: str) -> list[Problem]:

@@ -270,3 +270,14 @@ def test_a_mapping_without_an_image_takes_the_containers_as_kmm_does() -> None:
     assert validate_module(body) == []
     resolved = _resolved(body, "6.8.0-45-generic")
     assert resolved.container_image == "quay.io/org/mod:6.8.0-45-generic"
+
+
+def test_the_deprecated_single_in_tree_module_replaces_the_lists_as_in_kmm() -> None:
+    body = minimal(inTreeModulesToRemove=["i915", "intel_vsec"], inTreeModuleToRemove="xe")
+    body["spec"]["moduleLoader"]["container"].pop("inTreeModulesToRemove")
+    assert _resolved(body, "6.8.0").in_tree_modules_to_remove == ("xe",)
+    body["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["inTreeModuleToRemove"] = "i915"
+    assert _resolved(body, "6.8.0").in_tree_modules_to_remove == ("i915",)
+    listed = minimal(inTreeModulesToRemove=["i915"])
+    listed["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["inTreeModuleToRemove"] = "xe"
+    assert _resolved(listed, "6.8.0").in_tree_modules_to_remove == ("xe",)

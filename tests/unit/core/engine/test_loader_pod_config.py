@@ -159,6 +159,16 @@ PINNED_HASHES = {
         "2248d6fc79b34b7fdc8bdc9052246340",
         "5da7a53912899d001f1dc54adccbfb21",
     ),
+    ("in-tree-single-and-list", "builtin-fw"): (
+        "9155578b5e697cb28793904834f44abd",
+        "df6dbbb0e6bf63171d938761ce05865f",
+        "289be4e8012fa38ce2a6b323eba05ea2",
+    ),
+    ("in-tree-single-and-list", "default"): (
+        "ea4f81c5fdf557bfa33817f1eb7a7e86",
+        "843fc6fb40f0d2f5a69d7beb87bdda3f",
+        "66b5ce9862a886eed63c3088105fc1d0",
+    ),
     ("kmm", "builtin-fw"): (
         "f5a11e1e8bd1b90c882fd95fe710c4f8",
         "6aea215a616d47a274eebac144e47108",
@@ -199,16 +209,6 @@ PINNED_HASHES = {
         "2248d6fc79b34b7fdc8bdc9052246340",
         "5da7a53912899d001f1dc54adccbfb21",
     ),
-    ("minimal-full", "builtin-fw"): (
-        "2383f144abb5df780758dfab1deac35a",
-        "aba19fbb19707511eef238b83218de8f",
-        "f4972ef459e61649a0a124eeef3c05c3",
-    ),
-    ("minimal-full", "default"): (
-        "c9cc862f0b144778e795e19b084b8856",
-        "42d0177c37b3ad08d8eff83a5c543187",
-        "2b75015c5c19817e97d9e75cace459c0",
-    ),
     ("minimal", "builtin-fw"): (
         "6b565cbb51e7541ef9453d15d06574d7",
         "8f2507070a4d44af3e3afc0786176421",
@@ -218,6 +218,16 @@ PINNED_HASHES = {
         "e5d736bd82b54712cc1522fb2b0b77f1",
         "2248d6fc79b34b7fdc8bdc9052246340",
         "5da7a53912899d001f1dc54adccbfb21",
+    ),
+    ("minimal-full", "builtin-fw"): (
+        "2383f144abb5df780758dfab1deac35a",
+        "aba19fbb19707511eef238b83218de8f",
+        "f4972ef459e61649a0a124eeef3c05c3",
+    ),
+    ("minimal-full", "default"): (
+        "c9cc862f0b144778e795e19b084b8856",
+        "42d0177c37b3ad08d8eff83a5c543187",
+        "2b75015c5c19817e97d9e75cace459c0",
     ),
     ("name-and-namespace-too-long", "builtin-fw"): (
         "6b565cbb51e7541ef9453d15d06574d7",

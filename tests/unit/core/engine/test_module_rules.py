@@ -43,7 +43,6 @@ def test_rollout_is_refused_on_a_kmm_module() -> None:
     [
         (("spec",), "devicePlugin", "device-plugin"),
         (("spec", "moduleLoader", "container"), "sign", "signing"),
-        (("spec", "moduleLoader", "container"), "inTreeModuleToRemove", "inTreeModulesToRemove"),
         (("spec", "moduleLoader", "container"), "kernelMapings", "spelling"),
     ],
 )
