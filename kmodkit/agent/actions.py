@@ -122,13 +122,6 @@ class NodeAgent:
 
     def unload(self, *, force: bool) -> None:
         self._require_container_mode()
-        if self.config.modprobe.args.unload:
-            self.log.warning(
-                "modprobe.args_unload_ignored",
-                message="modules are removed one by one with rmmod, in reverse loading "
-                "order; modprobe.args.unload does not apply",
-                args=self.config.modprobe.args.unload,
-            )
         with self._serving(shared=False), self._lock():
             self._unload_modules(self.config.unloading_order, force=force, purpose="unload")
             firmware_dir = self.config.modprobe.firmware_path
@@ -412,6 +405,20 @@ class NodeAgent:
             )
         if assessment.process_refs:
             self._free_devices(order, dict(assessment.process_refs), force=force, purpose=purpose)
+        unload_args = self.config.modprobe.args.unload
+        if purpose == "unload" and unload_args:
+            # As KMM: modprobe -r with the Module's arguments, which also removes the
+            # dependencies modprobe pulled in that nothing else uses.
+            result = self._kmod(
+                self.kmod.modprobe_remove,
+                assessment.loaded,
+                dir_name=self.config.modprobe.dir_name,
+                args=unload_args,
+            )
+            self.log.info(
+                "modules.removed", modules=list(assessment.loaded), argv=list(result.argv)
+            )
+            return
         for name in assessment.loaded:
             try:
                 result = self._kmod(self.kmod.rmmod, name)

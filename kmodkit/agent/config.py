@@ -28,6 +28,24 @@ class ModprobeArgs(_Model):
     load: list[str] = Field(default_factory=list)
     unload: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _never_forced(self) -> Self:
+        # Forcing the removal of a module in use corrupts the kernel.
+        forced = [a for a in self.unload if forces_removal(a)]
+        if forced:
+            raise ValueError(
+                f"modprobe.args.unload must not force a removal ({', '.join(forced)}); "
+                "a module in use is refused and reported instead"
+            )
+        return self
+
+
+def forces_removal(arg: str) -> bool:
+    """Whether a modprobe argument forces the removal of a module (-f, -rf, --force...)."""
+    if arg.startswith("--"):
+        return arg.startswith("--force")
+    return arg.startswith("-") and "f" in arg[1:]
+
 
 class ModprobeConfig(_Model):
     module_name: str = Field(min_length=1)

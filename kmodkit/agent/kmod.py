@@ -80,6 +80,13 @@ class Kmod:
     ) -> CommandResult:
         return self._check(["modprobe", "-v", "-d", dir_name, *args, name, *parameters])
 
+    def modprobe_remove(
+        self, names: Sequence[str], *, dir_name: str, args: Sequence[str]
+    ) -> CommandResult:
+        """``modprobe -r``: the modules, then the dependencies modprobe pulled in that
+        nothing else uses. ``args`` never carry a force flag (the config refuses it)."""
+        return self._check(["modprobe", "-r", "-v", "-d", dir_name, *args, *names])
+
     def insmod(self, path: Path, parameters: Sequence[str]) -> CommandResult:
         return self._check(["insmod", str(path), *parameters])
 

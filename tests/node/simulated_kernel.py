@@ -1,6 +1,6 @@
 """A small simulated kernel behind the kmod commands, for node-agent tests.
 
-It answers ``insmod``, ``rmmod``, ``modprobe``, ``depmod`` and ``modinfo`` the
+It answers ``insmod``, ``rmmod``, ``modprobe`` (and ``-r``), ``depmod`` and ``modinfo`` the
 way Linux and kmod do, and keeps a host root's ``/proc/modules``,
 ``/sys/module/<m>/{initstate,refcnt,version,taint,parameters}`` and
 ``/proc/<pid>/fd`` in step, so the agent reads its state exactly as on a node.
@@ -212,16 +212,23 @@ class SimulatedKernel:
     def _modprobe(self, args: list[str]) -> str:
         base: str | None = None
         words: list[str] = []
+        remove = False
         rest = iter(args)
         for arg in rest:
             if arg == "-d":
                 base = next(rest)
             elif arg == "-r":
-                raise _Fail("the simulation does not implement modprobe -r")
+                remove = True
+            elif arg.startswith("-") and not arg.startswith("--") and "f" in arg:
+                raise _Fail("the simulation refuses forced removal: it corrupts a kernel")
             elif not arg.startswith("-"):
                 words.append(arg)
         if base is None:
             raise _Fail("the simulation needs modprobe -d <dir>")
+        if remove:
+            for name in words:
+                self._remove_with_dependencies(kname(name))
+            return "".join(f"rmmod {w}\n" for w in words)
         name, *parameters = words
         name = kname(name)
         if name in self.modules or name in self.builtin:
@@ -236,6 +243,19 @@ class SimulatedKernel:
                 self._insert(modules_dir / dependency, [])
         self._insert(modules_dir / relpath, parameters)
         return f"insmod {modules_dir / relpath} {' '.join(parameters)}".strip() + "\n"
+
+    def _remove_with_dependencies(self, name: str) -> None:
+        """modprobe -r: remove ``name``, then each dependency nothing else uses any more."""
+        module = self.modules.get(name)
+        if module is None:
+            raise _Fail(f"FATAL: Module {name} is not in kernel.")
+        if self._users(name) or module.refs:
+            raise _Fail(f"FATAL: Module {name} is in use.")
+        self._rmmod([name])
+        for dependency in module.depends:
+            held = dependency not in self.modules or self._users(dependency)
+            if not held and not self.modules[dependency].refs:
+                self._remove_with_dependencies(dependency)
 
     def _depmod(self, args: list[str]) -> str:
         base = args[args.index("-b") + 1]

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from kmodkit.agent.errors import DeviceBusy
+from kmodkit.agent.errors import ConfigError, DeviceBusy
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 
@@ -150,3 +150,27 @@ def test_firmware_placed_by_the_image_is_removed_on_unload(node: Node) -> None:
 
     assert not placed.exists()
     assert placed.parent.is_dir()
+
+
+def test_unload_arguments_unload_with_modprobe_and_its_dependencies_too(node: Node) -> None:
+    # modulesLoadingOrder names only the driver: modprobe pulled its dependency in.
+    node.image_pair()
+    only_top = {"moduleName": TOP, "dirName": str(node.image)}
+    node.agent(node.config(modprobe=only_top)).load()
+    assert node.loaded() == [DEP, TOP]
+
+    node.agent(node.config(modprobe=only_top)).unload(force=False)
+    assert node.loaded() == [DEP], "rmmod removes only what the agent loaded by name"
+
+    node.agent(node.config(modprobe=only_top)).load()
+    with_args = {**only_top, "args": {"unload": ["--wait=5000"]}}
+    node.agent(node.config(modprobe=with_args)).unload(force=False)
+    assert node.loaded() == []
+    (call,) = node.kmod_calls("modprobe")[-1:]
+    assert call[:2] == ("modprobe", "-r") and "--wait=5000" in call
+
+
+def test_unload_arguments_never_force(node: Node) -> None:
+    for forced in (["-f"], ["-rf"], ["--force"], ["--force-modversion"]):
+        with pytest.raises(ConfigError, match="must not force"):
+            node.config(modprobe={"moduleName": TOP, "args": {"unload": forced}})

@@ -135,6 +135,11 @@ CASES = [
         f"{C}.kernelMappings[0].inTreeModuleToRemove",
     ),
     Case(
+        "unload-args-force",
+        _modprobe(args={"load": ["-v"], "unload": ["-rf"]}),
+        f"{C}.modprobe.args.unload",
+    ),
+    Case(
         "no-kernel-mappings",
         _container(lambda c: c.update(kernelMappings=[])),
         f"{C}.kernelMappings",
@@ -222,31 +227,17 @@ CASES = [
         _container(lambda c: c.update(imagePullPolicy="Sometimes")),
         f"{C}.imagePullPolicy",
     ),
-    # What CEL cannot check; admission lets these through and kmodkit's own
-    # validation (and the engine) reject them.
+    # Checked by CEL as far as it can: an RE2 pattern that does not compile, a
+    # variable nobody knows.
     Case(
         "regexp-lookahead",
         _mapping(regexp="^6(?=\\.8)"),
         f"{C}.kernelMappings[0].regexp",
-        admission=False,
     ),
     Case(
         "image-unknown-variable",
         _mapping(containerImage="quay.io/org/mod:${KERNEL_VER}"),
         f"{C}.kernelMappings[0].containerImage",
-        admission=False,
-    ),
-    Case(
-        "image-unclosed-brace",
-        _mapping(containerImage="quay.io/org/mod:${KERNEL_XYZ"),
-        f"{C}.kernelMappings[0].containerImage",
-        admission=False,
-    ),
-    Case(
-        "image-uppercase-repository",
-        _mapping(containerImage="quay.io/Org/mod:v1"),
-        f"{C}.kernelMappings[0].containerImage",
-        admission=False,
     ),
     Case(
         "build-arg-unknown-variable",
@@ -259,6 +250,19 @@ CASES = [
             )
         ),
         f"{C}.build.buildArgs[0].value",
+    ),
+    # What CEL cannot check; admission lets these through and kmodkit's own
+    # validation (and the engine) reject them.
+    Case(
+        "image-unclosed-brace",
+        _mapping(containerImage="quay.io/org/mod:${KERNEL_XYZ"),
+        f"{C}.kernelMappings[0].containerImage",
+        admission=False,
+    ),
+    Case(
+        "image-uppercase-repository",
+        _mapping(containerImage="quay.io/Org/mod:v1"),
+        f"{C}.kernelMappings[0].containerImage",
         admission=False,
     ),
 ]

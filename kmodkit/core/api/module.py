@@ -29,6 +29,7 @@ from kmodkit.core.api.base import (
 )
 from kmodkit.core.api.common import LocalObjectReference, ObjectMeta, RegistryTLS, Toleration
 from kmodkit.core.api.status import ModuleStatus
+from kmodkit.core.kernel import TEMPLATE_VARIABLES
 
 API_VERSION: Final = "kmodkit.io/v1alpha1"
 GROUP, _, VERSION = API_VERSION.partition("/")
@@ -58,6 +59,11 @@ MAPPING_BOTH_MSG = (
     "cannot be combined with regexp in one kernel mapping; keep literal to match one exact "
     "kernel, or regexp to match a family of kernels"
 )
+UNLOAD_FORCE_MSG = (
+    "must not force a removal (-f, --force...): forcing out a module in use corrupts "
+    "the kernel; kmodkit refuses and reports a busy module instead"
+)
+REGEXP_MSG = "is not a valid RE2 regular expression (no lookaround or backreferences)"
 IN_TREE_BOTH_MSG = (
     "inTreeModuleToRemove (deprecated) and inTreeModulesToRemove are both set; "
     "keep only inTreeModulesToRemove"
@@ -109,6 +115,16 @@ NAME_LENGTH_MSG = (
 )
 
 _IMAGE_RULE = cel(IMAGE_TAG_OR_DIGEST_CEL, IMAGE_TAG_MSG, subject="containerImage")
+# Every $NAME or ${NAME...} must name a known variable. The engine's own parser
+# checks the whole syntax (unclosed braces, nesting); this is what CEL can say.
+KNOWN_VARIABLES_CEL = (
+    "self.findAll('[$][{]?[A-Za-z_][A-Za-z0-9_]*').all(r, "
+    f"r.matches('^[$][{{]?({'|'.join(TEMPLATE_VARIABLES)})$'))"
+)
+UNKNOWN_VARIABLE_MSG = "names an unknown template variable; the known ones are " + ", ".join(
+    f"${{{v}}}" for v in TEMPLATE_VARIABLES
+)
+_IMAGE_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="containerImage")
 _ORDER_SET = "has(self.modulesLoadingOrder)"
 _NAME_SET = "(has(self.moduleName) && self.moduleName != '')"
 
@@ -118,8 +134,22 @@ class ModprobeArgs(KubeModel):
 
     load: list[Text] = Field(min_length=1, max_length=64)
     """Arguments for loading."""
-    unload: list[Text] = Field(min_length=1, max_length=64)
-    """Arguments for unloading."""
+    unload: Annotated[
+        list[Text],
+        Field(
+            min_length=1,
+            max_length=64,
+            json_schema_extra=cel_rules(
+                cel(
+                    "self.all(a, !a.startsWith('--force') "
+                    "&& !(a.startsWith('-') && !a.startsWith('--') && a.contains('f')))",
+                    UNLOAD_FORCE_MSG,
+                    subject="unload",
+                )
+            ),
+        ),
+    ]
+    """Arguments for unloading (never a force flag)."""
 
 
 class ModprobeSpec(KubeModel):
@@ -182,7 +212,14 @@ class BuildArg(KubeModel):
     """One build argument for the Dockerfile."""
 
     name: ShortName
-    value: Text
+    value: Annotated[
+        Text,
+        Field(
+            json_schema_extra=cel_rules(
+                cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="value")
+            )
+        ),
+    ]
 
 
 class Build(KubeModel):
@@ -223,9 +260,22 @@ class KernelMapping(KubeModel):
 
     literal: ShortName | None = None
     """A kernel version matched exactly."""
-    regexp: Text | None = None
+    regexp: (
+        Annotated[
+            Text,
+            Field(
+                json_schema_extra=cel_rules(
+                    # A pattern RE2 cannot compile makes matches() fail, and admission with it.
+                    cel("''.matches(self) == ''.matches(self)", REGEXP_MSG, subject="regexp")
+                )
+            ),
+        ]
+        | None
+    ) = None
     """An RE2 regular expression searched for in the kernel version (use ^ and $ to anchor)."""
-    container_image: Annotated[ImageRef, Field(json_schema_extra=cel_rules(_IMAGE_RULE))] = ""
+    container_image: Annotated[
+        ImageRef, Field(json_schema_extra=cel_rules(_IMAGE_RULE, _IMAGE_VARIABLES_RULE))
+    ] = ""
     """Image for these kernels; empty or unset to use the container's containerImage."""
     build: Build | None = None
     """Build settings merged over the container's."""
@@ -263,7 +313,7 @@ class ModuleLoaderContainer(KubeModel):
     modprobe: ModprobeSpec
     container_image: Annotated[
         ImageRef | None,
-        Field(json_schema_extra=cel_rules(_IMAGE_RULE)),
+        Field(json_schema_extra=cel_rules(_IMAGE_RULE, _IMAGE_VARIABLES_RULE)),
     ] = None
     """Default image for kernel mappings that do not name one."""
     kernel_mappings: list[KernelMapping] = Field(min_length=1, max_length=128)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kmodkit.agent.config import forces_removal
 from kmodkit.core.api import API_VERSION, KIND, KMM_API_VERSION, Build, Module, Toleration
 from kmodkit.core.api import common as common_api
 from kmodkit.core.api import module as module_api
@@ -212,6 +213,8 @@ def _check_modprobe(module: Module) -> list[Problem]:
             problems.append(Problem(order_path, module_api.ORDER_FIRST_MSG))
         if len(set(order)) != len(order):
             problems.append(Problem(order_path, module_api.ORDER_DUPLICATE_MSG))
+    if modprobe.args is not None and any(forces_removal(a) for a in modprobe.args.unload):
+        problems.append(Problem(f"{path}.args.unload", module_api.UNLOAD_FORCE_MSG))
     return problems
 
 
