@@ -408,7 +408,7 @@ def _module_scenario(
     )
     assert metrics[("kmodkit_reconcile_total", _labels(controller=PLURAL, result="ok"))] > 0
     assert (
-        metrics[("kmodkit_nodes", _labels(controller=PLURAL, policy=policy, state="Failed"))] == 1
+        metrics[("kmodkit_nodes", _labels(controller=PLURAL, policy=policy, state="Unmapped"))] == 1
     )
     every_node = {n.metadata.name for n in core.list_node().items}
     for (name, labels), _ in metrics.items():
