@@ -865,3 +865,66 @@ def test_a_refused_pod_is_reported_and_the_rest_of_the_pass_goes_on(
     core.delete_namespaced_resource_quota("one-pod", namespace)
     wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "every node once admitted", 90)
     _delete_and_wait_unload(kube_api, namespace, "quota")
+
+
+def test_the_device_plugin_runs_where_the_module_is_ready_and_leaves_before_it_unloads(
+    operator: Operator,
+    kube_api: Any,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    """KMM's devicePlugin: the DaemonSet (run by the real DaemonSet controller, its pods
+    by kwok) lands only on nodes carrying the readiness label; status counts it; and
+    deleting the Module takes the plugin off each node before the module unloads."""
+    tag, names = fleet
+    image = f"{oci_registry.host}/kmods/dp:1"
+    _secret(kube_api, namespace, oci_registry)
+    oci_registry.push(image)
+    body = _simple_module("dp", tag, oci_registry, image)
+    body["spec"]["devicePlugin"] = {"container": {"image": "registry.invalid/xe-dp:1"}}
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body
+    )
+    ready = f"kmm.node.kubernetes.io/{namespace}.dp.ready"
+    a_nodes = _a_nodes(names)
+    wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "the module on the a nodes")
+    core = client.CoreV1Api(kube_api)
+
+    def plugin_nodes() -> set[str]:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=device-plugin"
+        ).items
+        return {p.spec.node_name for p in pods if p.metadata.deletion_timestamp is None}
+
+    wait_until(lambda: plugin_nodes() == set(a_nodes), "a plugin pod on each ready node", 90)
+    status = wait_until(
+        lambda: (
+            (s := _status(kube_api, namespace, "dp")).get("devicePlugin", {}).get("availableNumber")
+            == len(a_nodes)
+            and s
+        ),
+        "status.devicePlugin",
+    )
+    assert status["devicePlugin"]["desiredNumber"] == len(a_nodes)
+
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "dp"
+    )
+    # Each node's module stays until the plugin has left it.
+    while _pods(kube_api, namespace) or _unloader_nodes(kube_api, namespace):
+        unloading = _unloader_nodes(kube_api, namespace)
+        assert not unloading & plugin_nodes(), "unloading under a running device plugin"
+        threading.Event().wait(0.2)
+    wait_until(lambda: not _module_exists(kube_api, namespace, "dp"), "the finalizer to go")
+
+
+def _unloader_nodes(kube_api: Any, namespace: str) -> set[str]:
+    pods = (
+        client.CoreV1Api(kube_api)
+        .list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=module-unloader"
+        )
+        .items
+    )
+    return {p.spec.node_name for p in pods}

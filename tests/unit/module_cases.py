@@ -140,6 +140,19 @@ CASES = [
         f"{C}.modprobe.args.unload",
     ),
     Case(
+        "device-plugin-host-path-outside",
+        _spec(
+            lambda spec: spec.update(
+                devicePlugin={
+                    "container": {"image": "r.io/dp:1"},
+                    "volumes": [{"name": "etc", "hostPath": {"path": "/etc"}}],
+                }
+            )
+        ),
+        "spec.devicePlugin.volumes[0].hostPath.path",
+    ),
+    Case("nothing-to-run", _spec(lambda spec: spec.pop("moduleLoader")), "spec"),
+    Case(
         "no-kernel-mappings",
         _container(lambda c: c.update(kernelMappings=[])),
         f"{C}.kernelMappings",

@@ -28,6 +28,7 @@ from kmodkit.core.api.base import (
     cel_rules,
 )
 from kmodkit.core.api.common import LocalObjectReference, ObjectMeta, RegistryTLS, Toleration
+from kmodkit.core.api.device_plugin import DevicePlugin
 from kmodkit.core.api.status import ModuleStatus
 from kmodkit.core.kernel import TEMPLATE_VARIABLES
 
@@ -58,6 +59,10 @@ IMAGE_TAG_MSG = (
 MAPPING_BOTH_MSG = (
     "cannot be combined with regexp in one kernel mapping; keep literal to match one exact "
     "kernel, or regexp to match a family of kernels"
+)
+NOTHING_TO_RUN_MSG = (
+    "give moduleLoader (the kernel module to load) or devicePlugin (a device plugin for an "
+    "in-tree driver), or both"
 )
 UNLOAD_FORCE_MSG = (
     "must not force a removal (-f, --force...): forcing out a module in use corrupts "
@@ -356,17 +361,34 @@ class RolloutPolicy(KubeModel):
 class ModuleSpec(KubeModel):
     """What to load, where, and how to roll it out."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("has(self.moduleLoader) || has(self.devicePlugin)", NOTHING_TO_RUN_MSG)
+        )
+    )
+
     selector: LabelSelector
     """Node labels a node must carry to get the module; {} selects every node."""
     tolerations: list[Toleration] | None = Field(default=None, max_length=64)
     """Taints the module's pods tolerate."""
     image_repo_secret: LocalObjectReference | None = None
     """Docker-config Secret used to pull and push module images."""
-    module_loader: ModuleLoader
+    module_loader: ModuleLoader | None = None
+    """The kernel module to load; without it (KMM allows that, for in-tree drivers) only the
+    device plugin runs."""
+    device_plugin: DevicePlugin | None = None
+    """KMM's device plugin: a DaemonSet on the selected nodes where the module is ready."""
     image_rebuild_trigger_generation: int | None = Field(default=None, ge=0)
     """Change to re-check every image with its registry now, and retry failed builds at once."""
     rollout: RolloutPolicy | None = None
     """kmodkit extension: rollout policy; absent means one node at a time."""
+
+    @property
+    def loader(self) -> ModuleLoader:
+        """The module loader, for code that runs only when there is one."""
+        if self.module_loader is None:
+            raise ValueError("spec.moduleLoader is not set")
+        return self.module_loader
 
     def rollout_policy(self) -> RolloutPolicy:
         """The rollout policy in force, with kmodkit's defaults when none is given."""

@@ -51,6 +51,17 @@ class ModuleLoaderStatus(KubeModel):
     """Nodes where the module is loaded at the wanted version and the node is back in service."""
 
 
+class DevicePluginStatus(KubeModel):
+    """KMM's status.devicePlugin, from the device plugin's DaemonSet."""
+
+    nodes_matching_selector_number: int = Field(default=0, ge=0)
+    """Selected nodes (the module ready on them or not)."""
+    desired_number: int = Field(default=0, ge=0)
+    """Nodes the DaemonSet should run on: selected, and the module ready there."""
+    available_number: int = Field(default=0, ge=0)
+    """Nodes where a device-plugin pod is available."""
+
+
 class NodeFailure(KubeModel):
     """Why the module is not working on one node."""
 
@@ -79,6 +90,7 @@ class ModuleStatus(KubeModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     module_loader: ModuleLoaderStatus | None = None
+    device_plugin: DevicePluginStatus | None = None
     node_failures: list[NodeFailure] | None = Field(default=None, max_length=MAX_NODE_FAILURES)
     """Nodes where loading failed, at most 50; the Degraded condition counts them all."""
     unmapped_nodes: list[UnmappedNode] | None = Field(default=None, max_length=MAX_NODE_FAILURES)

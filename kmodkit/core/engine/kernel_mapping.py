@@ -96,7 +96,7 @@ def resolve(module: Module, kernel: str) -> ResolvedMapping | NoMatch:
         raise ResolveError("metadata.name", "is required")
     if not namespace:
         raise ResolveError("metadata.namespace", "is required")
-    container = module.spec.module_loader.container
+    container = module.spec.loader.container
     index = find_mapping(container.kernel_mappings, kernel)
     if index is None:
         return NoMatch(kernel)
@@ -109,7 +109,7 @@ def resolve(module: Module, kernel: str) -> ResolvedMapping | NoMatch:
 def _resolve_mapping(
     module: Module, index: int, kernel: str, name: str, namespace: str
 ) -> ResolvedMapping:
-    container = module.spec.module_loader.container
+    container = module.spec.loader.container
     mapping = container.kernel_mappings[index]
 
     image_values = template_values(kernel, name=name, namespace=namespace, for_tag=True)
@@ -162,7 +162,7 @@ def _substitute(text: str, values: TemplateValues, path: str) -> str:
 def _resolved_build(
     module: Module, index: int, kernel: str, name: str, namespace: str
 ) -> Build | None:
-    container = module.spec.module_loader.container
+    container = module.spec.loader.container
     values = template_values(kernel, name=name, namespace=namespace, for_tag=False)
     container_build = _templated(container.build, values, CONTAINER_PATH)
     mapping_build = _templated(container.kernel_mappings[index].build, values, mapping_path(index))

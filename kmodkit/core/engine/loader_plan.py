@@ -178,7 +178,9 @@ class Context:
             ready_key=labels.READY.key(ns, name),
             version_ready_key=labels.VERSION_READY.key(ns, name),
             wanted_version_key=labels.MODULE_VERSION.key(ns, name),
-            version=module.spec.module_loader.container.version or "",
+            version=(loader.container.version or "")
+            if (loader := module.spec.module_loader)
+            else "",
             tolerations=[
                 t.model_dump(by_alias=True, exclude_none=True)
                 for t in module.spec.tolerations or []
@@ -309,7 +311,8 @@ def plan(
         by_node.setdefault(pod.node, []).append(pod)
     out = LoaderPlan()
     ordered = sorted(nodes, key=lambda n: n.name)
-    if removing:
+    # Without a module loader (removed, or a device-plugin-only Module) every node unloads.
+    if removing or module.spec.module_loader is None:
         for node in ordered:
             mine = NodePods.of(by_node.get(node.name, ()))
             _apply(
@@ -317,7 +320,7 @@ def plan(
                 _unloader(node, mine, ctx, False) if mine.unloader else _retire(node, mine, ctx),
             )
         return out
-    if module.spec.module_loader.container.modprobe.raw_args is not None:
+    if module.spec.loader.container.modprobe.raw_args is not None:
         out.module_error = (
             "spec.moduleLoader.container.modprobe.rawArgs: kmodkit's engine "
             "loads by module name so it can verify what is loaded; set "

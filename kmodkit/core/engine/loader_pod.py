@@ -214,7 +214,7 @@ def agent_config(
 ) -> AgentConfig:
     """The node agent's configuration for this Module on one kernel."""
     return AgentConfig(
-        modprobe=_modprobe(module.spec.module_loader.container.modprobe),
+        modprobe=_modprobe(module.spec.loader.container.modprobe),
         in_tree_modules_to_remove=list(resolved.in_tree_modules_to_remove),
         firmware_host_path=settings.firmware_host_path,
         # No ``version``: a KMM version is an admin's label value, not the
@@ -300,7 +300,7 @@ def pod_template(
     Raises AgentConfigError for a Module the node agent would refuse.
     """
     ns, name = module.metadata.namespace or "", module.metadata.name or ""
-    container = module.spec.module_loader.container
+    container = module.spec.loader.container
     modprobe = container.modprobe
     config = config_document(agent_config(module, resolved, settings))
     firmware = bool(modprobe.firmware_path)
@@ -341,7 +341,7 @@ def pod_template(
     security: dict[str, Any] = {"privileged": True} if privileged else dict(MODULE_LOADING)
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
-        "serviceAccountName": module.spec.module_loader.service_account_name or "default",
+        "serviceAccountName": module.spec.loader.service_account_name or "default",
         "automountServiceAccountToken": False,
         "tolerations": [
             *TRANSIENT_TOLERATIONS,
@@ -432,7 +432,11 @@ def unload_pod(
         "nodeName": loader.node,
         "restartPolicy": "OnFailure",
         "priorityClassName": PRIORITY_CLASS,
-        "serviceAccountName": module.spec.module_loader.service_account_name or "default",
+        # The Module may no longer say (its moduleLoader removed): the default account.
+        "serviceAccountName": (
+            module.spec.module_loader and module.spec.module_loader.service_account_name
+        )
+        or "default",
         "automountServiceAccountToken": False,
         "tolerations": [{"operator": "Exists"}],
         "containers": [

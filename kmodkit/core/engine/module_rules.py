@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from kmodkit.agent.config import forces_removal
 from kmodkit.core.api import API_VERSION, KIND, KMM_API_VERSION, Build, Module, Toleration
 from kmodkit.core.api import common as common_api
+from kmodkit.core.api import device_plugin as device_plugin_api
 from kmodkit.core.api import module as module_api
 from kmodkit.core.engine.images import ImageReferenceError, require_tag_or_digest
 from kmodkit.core.engine.kernel_mapping import CONTAINER_PATH, mapping_path
@@ -32,8 +33,6 @@ SAMPLE_KERNEL = "5.14.0-284.30.1.el9_2.x86_64"
 _KMM_ONLY_FIELDS = {
     "sign": "is KMM's module signing, which kmodkit does not support yet; remove it or keep "
     "this Module on KMM",
-    "devicePlugin": "is KMM's device-plugin support, which kmodkit leaves to backends; remove "
-    "it or keep this Module on KMM",
     "dra": "is KMM's DRA driver support, which kmodkit leaves to backends; remove it or keep "
     "this Module on KMM",
     "kanikoParams": "is KMM's kaniko setting, which kmodkit's builds do not use; remove it",
@@ -43,7 +42,6 @@ _KMM_ONLY_FIELDS = {
 # Advice for required fields whose absence has a common cause.
 _REQUIRED = {
     "spec.selector": "is required; write {} to select every node",
-    "spec.moduleLoader": "is required: it says which kernel module to load and from which image",
     f"{CONTAINER_PATH}.kernelMappings": "is required: list at least one mapping from kernels "
     "to images",
 }
@@ -86,6 +84,7 @@ def check_module(module: Module) -> list[Problem]:
         *_check_name(module),
         *_check_tolerations(module.spec.tolerations or []),
         *_check_container(module),
+        *_check_device_plugin(module),
         *_check_rollout(module),
     ]
 
@@ -126,6 +125,10 @@ def _check_tolerations(tolerations: list[Toleration]) -> list[Problem]:
 
 
 def _check_container(module: Module) -> list[Problem]:
+    if module.spec.module_loader is None:
+        if module.spec.device_plugin is None:
+            return [Problem("spec", module_api.NOTHING_TO_RUN_MSG)]
+        return []
     container = module.spec.module_loader.container
     name, namespace = module.metadata.name or "", module.metadata.namespace or ""
     problems = []
@@ -160,6 +163,23 @@ def _check_in_tree(
     if spec.in_tree_modules_to_remove is not None and spec.in_tree_module_to_remove is not None:
         return [Problem(f"{path}.inTreeModuleToRemove", module_api.IN_TREE_BOTH_MSG)]
     return []
+
+
+def _check_device_plugin(module: Module) -> list[Problem]:
+    plugin = module.spec.device_plugin
+    if plugin is None:
+        return []
+    problems = []
+    for i, volume in enumerate(plugin.volumes or []):
+        path = f"spec.devicePlugin.volumes[{i}]"
+        sources = (volume.host_path, volume.config_map, volume.secret, volume.empty_dir)
+        if sum(source is not None for source in sources) != 1:
+            problems.append(Problem(path, device_plugin_api.VOLUME_SOURCE_MSG))
+        if volume.host_path is not None and not re.fullmatch(
+            device_plugin_api.HOST_PATH_RE, volume.host_path.path
+        ):
+            problems.append(Problem(f"{path}.hostPath.path", device_plugin_api.HOST_PATH_MSG))
+    return problems
 
 
 def _check_regexp(pattern: str, path: str) -> list[Problem]:
@@ -197,7 +217,7 @@ def _check_build(build: Build | None, owner_path: str) -> list[Problem]:
 
 
 def _check_modprobe(module: Module) -> list[Problem]:
-    modprobe = module.spec.module_loader.container.modprobe
+    modprobe = module.spec.loader.container.modprobe
     path = f"{CONTAINER_PATH}.modprobe"
     problems = []
     if modprobe.module_name and modprobe.raw_args is not None:

@@ -45,6 +45,7 @@ class Kube:
         # stubs do not describe; the typed surface of this class is the contract.
         self.core: Any = client.CoreV1Api(api)
         self.batch: Any = client.BatchV1Api(api)
+        self.apps: Any = client.AppsV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
 
     def create(self, obj: Mapping[str, Any]) -> None:
@@ -63,6 +64,26 @@ class Kube:
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
             self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def apply_daemon_set(self, obj: Mapping[str, Any]) -> None:
+        """Server-side apply: the DaemonSet becomes exactly what is given (fields of ours
+        that are gone from it are removed)."""
+        meta = obj["metadata"]
+        self.apps.patch_namespaced_daemon_set(
+            meta["name"],
+            meta["namespace"],
+            obj,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    def delete_daemon_set(self, namespace: str, name: str) -> None:
+        try:
+            self.apps.delete_namespaced_daemon_set(name, namespace)
         except ApiException as e:
             if e.status != 404:
                 raise

@@ -34,6 +34,12 @@ from kmodkit.core.engine.build_plan import (
     build_job_view,
     plan_builds,
 )
+from kmodkit.core.engine.device_plugin import (
+    DEVICE_PLUGIN_COMPONENT,
+    DaemonSetView,
+    daemon_set_view,
+    plan_device_plugin,
+)
 from kmodkit.core.engine.images import parse_image_reference
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import (
@@ -136,6 +142,10 @@ class ModuleController:
             labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
             COMPONENT_LABEL: BUILD_COMPONENT,
         }
+        plugin_filter = {
+            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
+            COMPONENT_LABEL: DEVICE_PLUGIN_COMPONENT,
+        }
 
         @kopf.index("", "v1", "pods", id="loader_pods", labels=loader_filter, registry=registry)
         def loader_pods(
@@ -149,8 +159,17 @@ class ModuleController:
         ) -> dict[tuple[str, str], Any]:
             return {(namespace or "", labels.get(MODULE_LABEL, "")): build_job_view(body)}
 
+        @kopf.index(
+            "apps", "v1", "daemonsets", id="device_plugins", labels=plugin_filter, registry=registry
+        )
+        def device_plugins(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): daemon_set_view(body)}
+
         @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
         @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
+        @kopf.on.event("apps", "v1", "daemonsets", labels=plugin_filter, registry=registry)
         async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
             wakeups.wake((PLURAL, namespace or "", labels.get(MODULE_LABEL, "")))
 
@@ -169,11 +188,15 @@ class ModuleController:
             # kopf passes each index by its id.
             pods_index: kopf.Index[Any, Any] = kwargs["loader_pods"]
             jobs_index: kopf.Index[Any, Any] = kwargs["build_jobs"]
+            plugins_index: kopf.Index[Any, Any] = kwargs["device_plugins"]
             key = (namespace or "", name)
 
             def one_pass() -> float | None:
                 return self.reconcile(
-                    dict(body), list(pods_index.get(key, [])), list(jobs_index.get(key, []))
+                    dict(body),
+                    list(pods_index.get(key, [])),
+                    list(jobs_index.get(key, [])),
+                    list(plugins_index.get(key, [])),
                 )
 
             try:
@@ -196,7 +219,13 @@ class ModuleController:
 
     # -- a pass ---------------------------------------------------------------
 
-    def reconcile(self, body: dict[str, Any], pods: list[Any], jobs: list[Any]) -> float | None:
+    def reconcile(
+        self,
+        body: dict[str, Any],
+        pods: list[Any],
+        jobs: list[Any],
+        daemon_sets: list[DaemonSetView] | None = None,
+    ) -> float | None:
         """One pass over a Module; returns seconds until a timed retry is due."""
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
@@ -265,10 +294,27 @@ class ModuleController:
                 self.kube.annotate_job(ns, job_name, {REPORTED_ANNOTATION: reported})
         failures += self._apply_pods(final, owner, ns)
         failures += self._label_nodes(final.node_labels, ns, name)
+        plugin = plan_device_plugin(module, nodes, daemon_sets or [])
+        if plugin.apply is not None:
+            plugin.apply["metadata"]["ownerReferences"] = [owner]
+            failures += self._attempt(
+                f"applying DaemonSet {ns}/{plugin.apply['metadata']['name']}",
+                self.kube.apply_daemon_set,
+                plugin.apply,
+            )
+        for ds in plugin.delete:
+            failures += self._attempt(
+                f"deleting DaemonSet {ns}/{ds}", self.kube.delete_daemon_set, ns, ds
+            )
         self._report_unload_failures(final, body)
         self._report_failures(body, "ApplyFailed", failures)
         metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
-        self._write_status(body, module_status(body, final, apply_failures=failures))
+        status = module_status(body, final, apply_failures=failures)
+        if plugin.status is not None:
+            status["devicePlugin"] = plugin.status
+        elif (body.get("status") or {}).get("devicePlugin") is not None:
+            status["devicePlugin"] = None  # as KMM: cleared once the plugin is removed
+        self._write_status(body, status)
         waiting = any(
             s.state in (ImageState.MISSING, ImageState.UNKNOWN) for s in builds.states.values()
         )

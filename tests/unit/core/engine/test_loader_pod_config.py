@@ -78,7 +78,12 @@ def _parses(body: Mapping[str, Any]) -> bool:
 
 # The operator plans only what parses (anything else gets an "invalid" status);
 # what admission alone rejects does reach the planner.
-MODULES = {key: Module.model_validate(body) for key, body in BODIES.items() if _parses(body)}
+# Modules with a module loader: the others run no loader pod.
+MODULES = {
+    key: Module.model_validate(body)
+    for key, body in BODIES.items()
+    if _parses(body) and "moduleLoader" in body["spec"]
+}
 # What the node agent would refuse: admission rejects these, the schema does not.
 REFUSED_BY_AGENT = {
     "loading-order-too-short": "needs at least 2 entries",
@@ -155,6 +160,16 @@ PINNED_HASHES = {
         "888ad222130a9a8310aebbb9c15beaa9",
     ),
     ("container-image-port-no-tag", "default"): (
+        "e5d736bd82b54712cc1522fb2b0b77f1",
+        "2248d6fc79b34b7fdc8bdc9052246340",
+        "5da7a53912899d001f1dc54adccbfb21",
+    ),
+    ("device-plugin-host-path-outside", "builtin-fw"): (
+        "6b565cbb51e7541ef9453d15d06574d7",
+        "8f2507070a4d44af3e3afc0786176421",
+        "888ad222130a9a8310aebbb9c15beaa9",
+    ),
+    ("device-plugin-host-path-outside", "default"): (
         "e5d736bd82b54712cc1522fb2b0b77f1",
         "2248d6fc79b34b7fdc8bdc9052246340",
         "5da7a53912899d001f1dc54adccbfb21",

@@ -41,7 +41,7 @@ def test_rollout_is_refused_on_a_kmm_module() -> None:
 @pytest.mark.parametrize(
     ("where", "field", "advice"),
     [
-        (("spec",), "devicePlugin", "device-plugin"),
+        (("spec",), "dra", "DRA"),
         (("spec", "moduleLoader", "container"), "sign", "signing"),
         (("spec", "moduleLoader", "container"), "kernelMapings", "spelling"),
     ],
