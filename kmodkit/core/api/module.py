@@ -222,6 +222,13 @@ class BuildArg(KubeModel):
     value: Text
 
 
+class KanikoParams(KubeModel):
+    """KMM's builder parameters."""
+
+    tag: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
+    """Tag of the builder image to run instead of the configured one's."""
+
+
 class Build(KubeModel):
     """An in-cluster image build, used when the image does not exist yet."""
 
@@ -235,6 +242,8 @@ class Build(KubeModel):
     """TLS settings for pulling the Dockerfile's base images."""
     selector: LabelSelector | None = None
     """Node selector for the build pod."""
+    kaniko_params: KanikoParams | None = None
+    """Builder parameters (KMM's): the builder image's tag."""
 
 
 class KernelMapping(KubeModel):

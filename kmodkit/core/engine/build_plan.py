@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from kmodkit.core import labels
-from kmodkit.core.api import Module, RegistryTLS
+from kmodkit.core.api import Build, Module, RegistryTLS
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import ImageState, ImageStatus
 from kmodkit.core.engine.loader_pod import COMPONENT_LABEL, MODULE_LABEL
@@ -430,6 +430,19 @@ def _kaniko(
     return args, mounts, volumes
 
 
+def builder_image(configured: str, build: Build | None) -> str:
+    """The builder image, with ``kanikoParams.tag`` in place of its tag (or digest). Unlike
+    KMM, which cuts at the first ':' or '@', a registry port stays where it is."""
+    tag = build.kaniko_params.tag if build and build.kaniko_params else None
+    if tag is None:
+        return configured
+    repository = configured.split("@", 1)[0]
+    name_start = repository.rfind("/") + 1
+    if ":" in repository[name_start:]:
+        repository = repository[: name_start + repository[name_start:].index(":")]
+    return f"{repository}:{tag}"
+
+
 def build_job(
     module: Module,
     image: str,
@@ -502,7 +515,7 @@ def build_job(
                     "containers": [
                         {
                             "name": "kaniko",
-                            "image": settings.builder_image,
+                            "image": builder_image(settings.builder_image, resolved.build),
                             "args": args,
                             "volumeMounts": mounts,
                             "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},

@@ -211,6 +211,8 @@ def merge_builds(container_build: Build | None, mapping_build: Build | None) -> 
                 container_build.build_args, mapping_build.build_args or []
             ),
             "secrets": [*(container_build.secrets or []), *(mapping_build.secrets or [])] or None,
+            # KMM reads it from the container alone; a mapping that sets it is honoured.
+            "kaniko_params": mapping_build.kaniko_params or container_build.kaniko_params,
         }
     )
 

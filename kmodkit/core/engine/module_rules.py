@@ -35,7 +35,6 @@ _KMM_ONLY_FIELDS = {
     "this Module on KMM",
     "dra": "is KMM's DRA driver support, which kmodkit leaves to backends; remove it or keep "
     "this Module on KMM",
-    "kanikoParams": "is KMM's kaniko setting, which kmodkit's builds do not use; remove it",
 }
 
 

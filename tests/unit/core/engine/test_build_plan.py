@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kmodkit.core.api import Module
+from kmodkit.core.api import Build, Module
 from kmodkit.core.engine.build_plan import (
     REPORTED_ANNOTATION,
     BuildEvent,
@@ -14,6 +14,7 @@ from kmodkit.core.engine.build_plan import (
     BuildSettings,
     backoff,
     build_job_view,
+    builder_image,
     job_name,
     plan_builds,
 )
@@ -416,3 +417,22 @@ def test_a_running_build_is_kept_when_no_node_could_run_its_successor() -> None:
     out = restarted(running, module(), "FROM busybox\n", nodes=unready)
     assert IMG2 in out.states and not out.create
     assert not out.delete
+
+
+def test_kaniko_params_tag_replaces_the_builder_images_tag_and_keeps_a_registry_port() -> None:
+    build = Build.model_validate(
+        {"dockerfileConfigMap": {"name": "df"}, "kanikoParams": {"tag": "v1.24.0-debug"}}
+    )
+    assert builder_image("registry:5000/kaniko/executor:v1.23.2", build) == (
+        "registry:5000/kaniko/executor:v1.24.0-debug"
+    )
+    assert builder_image("registry:5000/executor@sha256:" + "a" * 64, build) == (
+        "registry:5000/executor:v1.24.0-debug"
+    )
+    assert builder_image("gcr.io/kaniko-project/executor", build) == (
+        "gcr.io/kaniko-project/executor:v1.24.0-debug"
+    )
+    plain = Build.model_validate({"dockerfileConfigMap": {"name": "df"}})
+    assert builder_image("gcr.io/kaniko-project/executor:v1", plain) == (
+        "gcr.io/kaniko-project/executor:v1"
+    )
