@@ -33,6 +33,12 @@ class Operator:
                 ) from None
             return None
 
+    def wait_healthy(self, timeout: float = 60) -> None:
+        try:
+            wait_until(self.health, "the operator's health endpoint", timeout=timeout)
+        except AssertionError as err:
+            raise RuntimeError(f"{err}; its log ends:\n{self.output()}") from None
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-8000:]
 
@@ -49,8 +55,11 @@ class Operator:
 
 
 @contextmanager
-def running_operator(kubeconfig: str | Path, log: Path, **env: str) -> Iterator[Operator]:
-    """Start ``kmodkit run``, wait until it is healthy, stop it with SIGTERM afterwards."""
+def running_operator(
+    kubeconfig: str | Path, log: Path, *, wait_healthy: bool = True, **env: str
+) -> Iterator[Operator]:
+    """Start ``kmodkit run``, wait until it is healthy (unless told not to: an operator whose
+    start-up is held back answers only later), stop it with SIGTERM afterwards."""
     port = procs.free_port()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
@@ -68,10 +77,8 @@ def running_operator(kubeconfig: str | Path, log: Path, **env: str) -> Iterator[
         )
     op = Operator(proc, port, log)
     try:
-        try:
-            wait_until(op.health, "the operator's health endpoint", timeout=60)
-        except AssertionError as err:
-            raise RuntimeError(f"{err}; its log ends:\n{op.output()}") from None
+        if wait_healthy:
+            op.wait_healthy()
         yield op
     finally:
         op.stop()
