@@ -314,6 +314,13 @@ class NodeAgent:
 
     def _insert(self, source: ModuleSource) -> None:
         observed = self.view.observe(self.config.loading_order)
+        raw = self.config.modprobe.raw_args
+        if raw is not None and source.cache is None:
+            # The Module's own command line loads what it loads; what the agent
+            # verifies afterwards is moduleName, as for any other Module.
+            result = self._kmod(self.kmod.modprobe_raw, raw.load)
+            self.log.info("module.loaded_raw", module=self.top, argv=list(result.argv))
+            return
         for name in self.config.loading_order:
             if observed[name].presence is Presence.LOADED:
                 self.log.info("module.already_loaded", module=name)
@@ -405,6 +412,13 @@ class NodeAgent:
             )
         if assessment.process_refs:
             self._free_devices(order, dict(assessment.process_refs), force=force, purpose=purpose)
+        raw = self.config.modprobe.raw_args
+        if purpose == "unload" and raw is not None:
+            result = self._kmod(self.kmod.modprobe_raw, raw.unload)
+            self.log.info(
+                "modules.removed_raw", modules=list(assessment.loaded), argv=list(result.argv)
+            )
+            return
         unload_args = self.config.modprobe.args.unload
         if purpose == "unload" and unload_args:
             # As KMM: modprobe -r with the Module's arguments, which also removes the

@@ -34,7 +34,7 @@ class ModprobeArgs(_Model):
         forced = [a for a in self.unload if forces_removal(a)]
         if forced:
             raise ValueError(
-                f"modprobe.args.unload must not force a removal ({', '.join(forced)}); "
+                f"unload arguments must not force a removal ({', '.join(forced)}); "
                 "a module in use is refused and reported instead"
             )
         return self
@@ -49,12 +49,15 @@ def forces_removal(arg: str) -> bool:
 
 class ModprobeConfig(_Model):
     module_name: str = Field(min_length=1)
+    """What is verified loaded; with raw_args, the module raw_args.load loads."""
     # KMM's layout: modules live under <dirName>/lib/modules/<kernel>/.
     dir_name: str = "/opt"
     parameters: list[str] = Field(default_factory=list)
     args: ModprobeArgs = Field(default_factory=ModprobeArgs)
     firmware_path: str | None = None
     modules_loading_order: list[str] | None = None
+    raw_args: ModprobeArgs | None = None
+    """KMM's rawArgs: the whole modprobe argument lists, run instead of the agent's own."""
 
     @model_validator(mode="after")
     def _order_is_kmm_valid(self) -> Self:

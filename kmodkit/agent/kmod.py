@@ -87,6 +87,10 @@ class Kmod:
         nothing else uses. ``args`` never carry a force flag (the config refuses it)."""
         return self._check(["modprobe", "-r", "-v", "-d", dir_name, *args, *names])
 
+    def modprobe_raw(self, args: Sequence[str]) -> CommandResult:
+        """modprobe with a Module's own argument list (KMM's rawArgs), as arguments: no shell."""
+        return self._check(["modprobe", *args])
+
     def insmod(self, path: Path, parameters: Sequence[str]) -> CommandResult:
         return self._check(["insmod", str(path), *parameters])
 

@@ -236,3 +236,19 @@ def test_another_build_held_open_is_never_reported_ready(node: Node) -> None:
     assert node.kernel.modules[TOP].srcversion == "OLDTOP"
     problems = node.agent().status()
     assert any("another build" in p and "OLDTOP" in p for p in problems), problems
+
+
+def test_raw_args_load_and_unload_with_the_modules_own_command_lines(node: Node) -> None:
+    node.image_pair()
+    image = str(node.image)
+    raw = {"load": ["-d", image, TOP], "unload": ["-r", "-d", image, TOP]}
+    config = node.config(modprobe={"moduleName": TOP, "dirName": image, "rawArgs": raw})
+
+    node.agent(config).load()
+    assert node.loaded() == [DEP, TOP]
+    assert ("modprobe", "-d", image, TOP) in node.kernel.calls
+    assert node.agent(config).status() == []
+
+    node.agent(config).unload(force=False)
+    assert node.loaded() == []
+    assert node.kmod_calls("modprobe")[-1] == ("modprobe", "-r", "-d", image, TOP)

@@ -320,16 +320,6 @@ def plan(
                 _unloader(node, mine, ctx, False) if mine.unloader else _retire(node, mine, ctx),
             )
         return out
-    if module.spec.loader.container.modprobe.raw_args is not None:
-        out.module_error = (
-            "spec.moduleLoader.container.modprobe.rawArgs: kmodkit's engine "
-            "loads by module name so it can verify what is loaded; set "
-            "moduleName (and args/parameters) instead"
-        )
-        for node in ordered:
-            _apply(out, _hold(node, NodePods.of(by_node.get(node.name, ())), ctx))
-        out.outcomes.clear()
-        return out
     decisions = [decide(node, by_node.get(node.name, ()), ctx) for node in ordered]
     # Updates need their image whether or not the budget lets them go this pass.
     for node, decision in zip(ordered, decisions, strict=True):

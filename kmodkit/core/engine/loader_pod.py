@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from pydantic.alias_generators import to_camel
 from kmodkit.agent.config import AgentConfig, ModprobeArgs, ModprobeConfig
 from kmodkit.core import labels
 from kmodkit.core.api import ModprobeSpec, Module
+from kmodkit.core.api.module import MODULE_NAME_MSG
 from kmodkit.core.engine.kernel_mapping import CONTAINER_PATH, ResolvedMapping
 from kmodkit.core.kernel import dns_safe
 from kmodkit.core.nodes import NodeView
@@ -107,6 +108,8 @@ class LoaderPod:
     unloader: bool = False
     agent_config: str = ""
     """The agent configuration the pod runs (YAML), for the unloader that follows it."""
+    image: str = ""
+    """The module image its init container copies from."""
 
     @property
     def ended(self) -> bool:
@@ -141,6 +144,7 @@ def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
         unloader=(meta.get("labels") or {}).get(COMPONENT_LABEL) == UNLOADER_COMPONENT,
         agent_config=ann.get(AGENT_CONFIG, ""),
+        image=((spec.get("initContainers") or [{}])[0]).get("image", ""),
     )
 
 
@@ -230,27 +234,81 @@ def agent_config(
 def _modprobe(spec: ModprobeSpec) -> ModprobeConfig:
     """The Module's modprobe settings as the agent takes them, with paths inside the
     staging directory the init container fills."""
+    path = f"{CONTAINER_PATH}.modprobe"
+    staged = f"{STAGING}{spec.dir_name}"
+    raw = None
+    if spec.raw_args is not None:
+        raw = ModprobeArgs(
+            load=_staged(spec.raw_args.load, spec.dir_name, f"{path}.rawArgs.load"),
+            unload=_staged(spec.raw_args.unload, spec.dir_name, f"{path}.rawArgs.unload"),
+        )
+    name = spec.module_name or (raw_module_name(spec.raw_args.load) if spec.raw_args else None)
+    if not name and spec.raw_args is None:
+        raise AgentConfigError(f"{path}.moduleName: {MODULE_NAME_MSG}")
+    if not name:
+        raise AgentConfigError(
+            f"{path}.rawArgs.load: names no module (its first argument that is not an "
+            "option); the agent verifies that module is loaded"
+        )
     try:
         return ModprobeConfig(
-            module_name=spec.module_name,
-            dir_name=f"{STAGING}{spec.dir_name}",
+            module_name=name,
+            dir_name=staged,
             parameters=list(spec.parameters or []),
             args=_args(spec),
             firmware_path=FIRMWARE_STAGING if spec.firmware_path else None,
             modules_loading_order=(
                 list(spec.modules_loading_order) if spec.modules_loading_order else None
             ),
+            raw_args=raw,
         )
     except ValidationError as err:
         # The rest of the configuration is the operator's own: only what the
         # Module gives here can be wrong, so name the Module's fields.
-        path = f"{CONTAINER_PATH}.modprobe"
         raise AgentConfigError(
             "; ".join(
                 f"{'.'.join([path, *(to_camel(str(p)) for p in e['loc'])])}: {e['msg']}"
                 for e in err.errors()
             )
         ) from err
+
+
+# modprobe options that take the next argument as their value.
+_VALUE_OPTIONS = frozenset({"-d", "--dirname", "-C", "--config", "-S", "--set-version"})
+
+
+def raw_module_name(args: Sequence[str]) -> str | None:
+    """The module a rawArgs command line loads: its first argument that is not an option."""
+    words = iter(args)
+    for word in words:
+        if word in _VALUE_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _staged(args: Sequence[str], dir_name: str, path: str) -> list[str]:
+    """``args`` with modprobe's module directory moved into the staging directory, where
+    the loader pod has the image's modules; without -d, the staging directory is given."""
+    out: list[str] = []
+    words = iter(args)
+    given = False
+    for word in words:
+        value = next(words, "") if word in ("-d", "--dirname") else None
+        if word.startswith("--dirname="):
+            value = word.removeprefix("--dirname=")
+        if value is None:
+            out.append(word)
+            continue
+        if value != dir_name:
+            raise AgentConfigError(
+                f"{path}: -d {value}: the loader pod has the image's modules only under "
+                f"modprobe.dirName ({dir_name}); use that directory or set dirName to {value}"
+            )
+        out += ["-d", f"{STAGING}{dir_name}"]
+        given = True
+    return out if given else ["-d", f"{STAGING}{dir_name}", *out]
 
 
 def _args(spec: ModprobeSpec) -> ModprobeArgs:
@@ -319,8 +377,8 @@ def pod_template(
     extract = [
         _extractor(
             "image-extractor",
-            container,
-            resolved,
+            resolved.container_image,
+            container.image_pull_policy or "",
             f"{modprobe.dir_name}/lib/modules/{resolved.kernel}",
             "staging",
         )
@@ -329,7 +387,11 @@ def pod_template(
         mounts.append({"name": "firmware", "mountPath": FIRMWARE_STAGING, "readOnly": True})
         extract.append(
             _extractor(
-                "firmware-extractor", container, resolved, modprobe.firmware_path, "firmware"
+                "firmware-extractor",
+                resolved.container_image,
+                container.image_pull_policy or "",
+                modprobe.firmware_path,
+                "firmware",
             )
         )
     volumes: list[dict[str, Any]] = [
@@ -428,6 +490,16 @@ def unload_pod(
         ("host-proc", "/proc", True),
         ("host-run", "/run/kmodkit", False),
     ]
+    mounts = _agent_mounts(host)
+    volumes = _agent_volumes(host)
+    init = []
+    staged = _unload_staging(loader)
+    if staged is not None:
+        # modprobe -r (rawArgs.unload, args.unload) reads the image's modules.dep.
+        mounts.append({"name": "staging", "mountPath": f"{staged}/lib/modules/{loader.kernel}"})
+        volumes.append({"name": "staging", "emptyDir": {}})
+        source = f"{staged.removeprefix(STAGING)}/lib/modules/{loader.kernel}"
+        init.append(_extractor("image-extractor", loader.image, "", source, "staging"))
     spec: dict[str, Any] = {
         "nodeName": loader.node,
         "restartPolicy": "OnFailure",
@@ -445,13 +517,15 @@ def unload_pod(
                 "image": settings.agent_image,
                 "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
                 "securityContext": dict(MODULE_LOADING),
-                "volumeMounts": _agent_mounts(host),
+                "volumeMounts": mounts,
                 "resources": _resources(),
             }
         ],
-        "volumes": _agent_volumes(host),
+        "volumes": volumes,
         "terminationGracePeriodSeconds": 30,
     }
+    if init:
+        spec["initContainers"] = init
     if module.spec.image_repo_secret is not None:
         spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
     return {
@@ -472,16 +546,26 @@ def unload_pod(
     }
 
 
-def _extractor(
-    name: str, container: Any, resolved: ResolvedMapping, source: str, volume: str
-) -> dict[str, Any]:
+def _unload_staging(loader: LoaderPod) -> str | None:
+    """The staging directory an unload needs the image in (its modprobe -r reads the
+    image's modules.dep), or None when the agent removes modules by name alone."""
+    try:
+        config = yaml.safe_load(loader.agent_config) or {}
+    except yaml.YAMLError:
+        return None
+    modprobe = config.get("modprobe") or {}
+    needs = modprobe.get("rawArgs") or (modprobe.get("args") or {}).get("unload")
+    return str(modprobe.get("dirName")) if needs and loader.image else None
+
+
+def _extractor(name: str, image: str, pull_policy: str, source: str, volume: str) -> dict[str, Any]:
     """An init container copying ``source`` out of the module image: argv only, no shell,
     so no path or kernel string is ever interpreted; copying ``source/.`` into the
     volume's root is the same on every restart."""
     return {
         "name": name,
-        "image": resolved.container_image,
-        "imagePullPolicy": container.image_pull_policy or "IfNotPresent",
+        "image": image,
+        "imagePullPolicy": pull_policy or "IfNotPresent",
         "command": ["cp", "-R", f"{source}/.", "/staging/"],
         "volumeMounts": [{"name": volume, "mountPath": "/staging"}],
         "resources": _resources(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -262,10 +263,21 @@ def test_rebooted_into_another_kernel_replaces_the_pod_without_budget() -> None:
     assert p.delete == ["p"] and p.node_labels == {"a": {READY: None}}
 
 
-def test_raw_args_are_refused_with_the_field_named() -> None:
-    m = module(modprobe={"rawArgs": {"load": ["xe"], "unload": ["-r", "xe"]}})
-    p = plan(m, [node("a")], [], {}, SETTINGS)
-    assert p.module_error.startswith("spec.moduleLoader.container.modprobe.rawArgs")
+def test_raw_args_run_as_given_in_the_staging_directory_and_name_the_module_to_verify() -> None:
+    m = module(
+        modprobe={"rawArgs": {"load": ["-v", "-d", "/opt", "xe", "guc=3"], "unload": ["-r", "xe"]}}
+    )
+    pod = loader_pod(m, node("a"), resolve(m, K1), SETTINGS)  # type: ignore[arg-type]
+    config = yaml.safe_load(pod["metadata"]["annotations"][AGENT_CONFIG])["modprobe"]
+    assert config["moduleName"] == "xe"
+    assert config["rawArgs"] == {
+        "load": ["-v", "-d", "/kmod/opt", "xe", "guc=3"],
+        "unload": ["-d", "/kmod/opt", "-r", "xe"],
+    }
+    elsewhere = module(modprobe={"rawArgs": {"load": ["-d", "/usr", "xe"], "unload": ["-r", "xe"]}})
+    p = plan(elsewhere, [node("a")], [], all_exist(elsewhere, [node("a")]), SETTINGS)
+    assert outcome(p, "a").reason == "InvalidAgentConfig"
+    assert "rawArgs.load: -d /usr" in outcome(p, "a").message and not p.create
 
 
 def test_firmware_makes_the_agent_privileged_only_outside_builtin_search_dirs() -> None:
@@ -551,8 +563,8 @@ def test_labels_follow_the_pods_while_the_spec_cannot_be_planned() -> None:
     n = node("a", **{READY: ""})
     broken_pod = running(module(), n, ready=False)
     bad_mapping = module(kernelMappings=[{"literal": K1, "containerImage": "r.io/xe:${NOPE}"}])
-    raw_args = module(modprobe={"rawArgs": {"load": ["xe"], "unload": ["-r", "xe"]}})
-    for m in (bad_mapping, raw_args):
+    refused_by_agent = module(modprobe={"moduleName": "xe", "modulesLoadingOrder": ["xe"]})
+    for m in (bad_mapping, refused_by_agent):
         p = plan(m, [n], [broken_pod], {}, SETTINGS)
         assert (p.node_labels, p.create, p.delete) == ({"a": {READY: None}}, [], [])
     assert labels_follow_pods(NS, NAME, [n], [broken_pod]) == {"a": {READY: None}}
@@ -597,3 +609,18 @@ def test_a_loader_pod_is_node_critical_probes_patiently_and_runs_no_shell() -> N
     # The agent may write modules.dep next to the copied modules.
     staging = next(v for v in agent["volumeMounts"] if v["name"] == "staging")
     assert not staging.get("readOnly") and staging["mountPath"].endswith(f"/lib/modules/{K1}")
+
+
+def test_an_unloader_takes_the_image_only_when_its_unload_runs_modprobe() -> None:
+    gone = node("a", **{"gpu": "amd"})
+    plain = module()
+    p = plan(plain, [gone], [running(plain, node("a"))], {}, SETTINGS, {"a": []})
+    assert "initContainers" not in _unloader_of(p)["spec"]
+    raw = module(modprobe={"rawArgs": {"load": ["xe"], "unload": ["-r", "xe"]}})
+    p = plan(raw, [gone], [running(raw, node("a"))], {}, SETTINGS, {"a": []})
+    spec = _unloader_of(p)["spec"]
+    (extractor,) = spec["initContainers"]
+    assert extractor["image"] == f"r.io/xe:{K1}"
+    assert extractor["command"] == ["cp", "-R", f"/opt/lib/modules/{K1}/.", "/staging/"]
+    staging = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "staging")
+    assert staging["mountPath"] == f"/kmod/opt/lib/modules/{K1}"

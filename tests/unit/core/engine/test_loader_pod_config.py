@@ -264,6 +264,16 @@ PINNED_HASHES = {
         "2248d6fc79b34b7fdc8bdc9052246340",
         "5da7a53912899d001f1dc54adccbfb21",
     ),
+    ("raw-args-with-module-name", "builtin-fw"): (
+        "20c636ba8fd43adacd79a050b2265553",
+        "0f05ad0dc203b7a9925ea79001aa0c8a",
+        "5d4d23a992ede3eb58bed53834cf1b77",
+    ),
+    ("raw-args-with-module-name", "default"): (
+        "99100f0f274ab2217c42f361ccc26757",
+        "008747913f70415a909e48110eeb0ee9",
+        "90a9ad4f4112ffa04121cf157e874c65",
+    ),
     ("toleration-bad-key", "builtin-fw"): (
         "8cab5bf40514e19b22a82e37f4023908",
         "725e862889aefc8b8554cf7eddda0046",
