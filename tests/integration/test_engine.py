@@ -134,6 +134,17 @@ def _labels(kube_api: Any, node: str) -> dict[str, str]:
     return dict(client.CoreV1Api(kube_api).read_node(node).metadata.labels or {})
 
 
+def _available(kube_api: Any, namespace: str, name: str, part: str, want: int) -> dict[str, Any]:
+    """The Module's status once ``status.<part>.availableNumber`` is ``want``."""
+    return wait_until(
+        lambda: (
+            (s := _status(kube_api, namespace, name)).get(part, {}).get("availableNumber") == want
+            and s
+        ),
+        f"status.{part}.availableNumber {want}",
+    )
+
+
 def _status(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
     obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name
@@ -184,14 +195,7 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
     for n in names:
         if "-c-" in n:
             assert ready not in _labels(kube_api, n)
-    status = wait_until(
-        lambda: (
-            (s := _status(kube_api, namespace, "xe")).get("moduleLoader", {}).get("availableNumber")
-            == len(mapped)
-            and s
-        ),
-        "status counters",
-    )
+    status = _available(kube_api, namespace, "xe", "moduleLoader", len(mapped))
     # As KMM: nodes no mapping serves are reported, but neither desired nor failing.
     unmapped = {u["node"]: u["kernel"] for u in status["unmappedNodes"]}
     assert unmapped == {n: UNMAPPED for n in names if "-c-" in n}
@@ -898,14 +902,7 @@ def test_the_device_plugin_runs_where_the_module_is_ready_and_leaves_before_it_u
         return {p.spec.node_name for p in pods if p.metadata.deletion_timestamp is None}
 
     wait_until(lambda: plugin_nodes() == set(a_nodes), "a plugin pod on each ready node", 90)
-    status = wait_until(
-        lambda: (
-            (s := _status(kube_api, namespace, "dp")).get("devicePlugin", {}).get("availableNumber")
-            == len(a_nodes)
-            and s
-        ),
-        "status.devicePlugin",
-    )
+    status = _available(kube_api, namespace, "dp", "devicePlugin", len(a_nodes))
     assert status["devicePlugin"]["desiredNumber"] == len(a_nodes)
 
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
