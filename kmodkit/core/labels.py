@@ -85,6 +85,8 @@ class _ReadyKey(ModuleKey):
 
 READY = _ReadyKey(KMM_PREFIX, after=".ready")
 """Value empty: the module is loaded on the node as specified."""
+DEVICE_PLUGIN_READY = ModuleKey(KMM_PREFIX, after=".device-plugin-ready")
+"""Value empty: a pod of the Module's device plugin is Ready on the node."""
 
 
 # Pod, DaemonSet and DeviceClass labels (KMM).

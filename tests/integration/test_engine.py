@@ -904,6 +904,9 @@ def test_the_device_plugin_runs_where_the_module_is_ready_and_leaves_before_it_u
     wait_until(lambda: plugin_nodes() == set(a_nodes), "a plugin pod on each ready node", 90)
     status = _available(kube_api, namespace, "dp", "devicePlugin", len(a_nodes))
     assert status["devicePlugin"]["desiredNumber"] == len(a_nodes)
+    plugin_ready = f"kmm.node.kubernetes.io/{namespace}.dp.device-plugin-ready"
+    wait_until(lambda: _all_labelled(kube_api, a_nodes, plugin_ready), "device-plugin-ready")
+    assert not any(plugin_ready in _labels(kube_api, n) for n in names if n not in a_nodes)
 
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "dp"
@@ -914,6 +917,7 @@ def test_the_device_plugin_runs_where_the_module_is_ready_and_leaves_before_it_u
         assert not unloading & plugin_nodes(), "unloading under a running device plugin"
         threading.Event().wait(0.2)
     wait_until(lambda: not _module_exists(kube_api, namespace, "dp"), "the finalizer to go")
+    assert not any(plugin_ready in _labels(kube_api, n) for n in names)
 
 
 def _unloader_nodes(kube_api: Any, namespace: str) -> set[str]:

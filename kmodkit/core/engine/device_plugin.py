@@ -48,6 +48,24 @@ def daemon_set_view(obj: Mapping[str, Any]) -> DaemonSetView:
     )
 
 
+def plugin_labels(
+    namespace: str,
+    name: str,
+    nodes: Iterable[NodeView],
+    ready_on: Iterable[str],
+) -> dict[str, dict[str, str | None]]:
+    """KMM's ``<ns>.<name>.device-plugin-ready`` label exactly on the nodes where a pod of
+    the plugin is Ready (``ready_on``); only the changes each node needs."""
+    key = labels.DEVICE_PLUGIN_READY.key(namespace, name)
+    ready = set(ready_on)
+    changes: dict[str, dict[str, str | None]] = {}
+    for node in nodes:
+        want = "" if node.name in ready else None
+        if node.labels.get(key) != want:
+            changes[node.name] = {key: want}
+    return changes
+
+
 def daemon_set_name(module: str) -> str:
     return f"{module}-device-plugin"
 

@@ -39,6 +39,7 @@ from kmodkit.core.engine.device_plugin import (
     DaemonSetView,
     daemon_set_view,
     plan_device_plugin,
+    plugin_labels,
 )
 from kmodkit.core.engine.images import parse_image_reference
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
@@ -167,7 +168,15 @@ class ModuleController:
         ) -> dict[tuple[str, str], Any]:
             return {(namespace or "", labels.get(MODULE_LABEL, "")): daemon_set_view(body)}
 
+        @kopf.index("", "v1", "pods", id="plugin_pods", labels=plugin_filter, registry=registry)
+        def plugin_pods(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], Any]:
+            view = loader_pod_view(body)
+            return {(namespace or "", labels.get(MODULE_LABEL, "")): (view.node, view.ready)}
+
         @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
+        @kopf.on.event("", "v1", "pods", labels=plugin_filter, registry=registry)
         @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
         @kopf.on.event("apps", "v1", "daemonsets", labels=plugin_filter, registry=registry)
         async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
@@ -189,6 +198,7 @@ class ModuleController:
             pods_index: kopf.Index[Any, Any] = kwargs["loader_pods"]
             jobs_index: kopf.Index[Any, Any] = kwargs["build_jobs"]
             plugins_index: kopf.Index[Any, Any] = kwargs["device_plugins"]
+            plugin_pods_index: kopf.Index[Any, Any] = kwargs["plugin_pods"]
             key = (namespace or "", name)
 
             def one_pass() -> float | None:
@@ -197,6 +207,7 @@ class ModuleController:
                     list(pods_index.get(key, [])),
                     list(jobs_index.get(key, [])),
                     list(plugins_index.get(key, [])),
+                    [node for node, ready in plugin_pods_index.get(key, []) if ready],
                 )
 
             try:
@@ -225,6 +236,7 @@ class ModuleController:
         pods: list[Any],
         jobs: list[Any],
         daemon_sets: list[DaemonSetView] | None = None,
+        plugin_ready_on: list[str] | None = None,
     ) -> float | None:
         """One pass over a Module; returns seconds until a timed retry is due."""
         meta = body.get("metadata") or {}
@@ -293,7 +305,10 @@ class ModuleController:
             if job_name not in unposted:
                 self.kube.annotate_job(ns, job_name, {REPORTED_ANNOTATION: reported})
         failures += self._apply_pods(final, owner, ns)
-        failures += self._label_nodes(final.node_labels, ns, name)
+        node_labels = {node: dict(change) for node, change in final.node_labels.items()}
+        for node, change in plugin_labels(ns, name, nodes, plugin_ready_on or []).items():
+            node_labels.setdefault(node, {}).update(change)
+        failures += self._label_nodes(node_labels, ns, name)
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
         if plugin.apply is not None:
             plugin.apply["metadata"]["ownerReferences"] = [owner]
@@ -489,7 +504,10 @@ class ModuleController:
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
         failures = self._apply_pods(removal, owner, ns)
-        failures += self._label_nodes(removal.node_labels, ns, name)
+        node_labels = {node: dict(change) for node, change in removal.node_labels.items()}
+        for node, change in plugin_labels(ns, name, nodes, []).items():
+            node_labels.setdefault(node, {}).update(change)
+        failures += self._label_nodes(node_labels, ns, name)
         self._report_unload_failures(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
         if pods:

@@ -11,6 +11,7 @@ from kmodkit.core.engine.device_plugin import (
     DaemonSetView,
     daemon_set,
     plan_device_plugin,
+    plugin_labels,
 )
 from kmodkit.core.engine.loader_plan import plan
 from kmodkit.core.engine.module_rules import validate_module
@@ -113,3 +114,11 @@ def test_a_module_with_neither_a_loader_nor_a_plugin_is_refused() -> None:
     body = minimal()
     del body["spec"]["moduleLoader"]
     assert [p.path for p in validate_module(body)] == ["spec"]
+
+
+def test_the_device_plugin_ready_label_follows_the_ready_plugin_pods() -> None:
+    key = f"kmm.node.kubernetes.io/{loader.NS}.{loader.NAME}.device-plugin-ready"
+    fresh, stale, settled = loader.node("a"), loader.node("b", **{key: ""}), loader.node("c")
+    labelled = loader.node("d", **{key: ""})
+    changes = plugin_labels(loader.NS, loader.NAME, [fresh, stale, settled, labelled], ["a", "d"])
+    assert changes == {"a": {key: ""}, "b": {key: None}}
