@@ -40,16 +40,6 @@ unit: setup
 test: devcluster-bin lint
 	$(BIN)/pytest -ra
 
-# The one check that needs upstream KMM's own Module CRD (not run by `make test`: the Go
-# module proxy refuses KMM, see docs/development.md). KMODKIT_KMM_CRDS is the
-# config/crd/bases directory of a kernel-module-management checkout.
-.PHONY: test-kmm
-test-kmm:
-	@test -n "$(KMODKIT_KMM_CRDS)" || { echo "test-kmm: set KMODKIT_KMM_CRDS to the config/crd/bases directory of a kernel-module-management checkout, e.g. make test-kmm KMODKIT_KMM_CRDS=../kernel-module-management/config/crd/bases (docs/development.md, KMM schema check)" >&2; exit 2; }
-	@test -f "$(KMODKIT_KMM_CRDS)/kmm.sigs.x-k8s.io_modules.yaml" || { echo "test-kmm: $(KMODKIT_KMM_CRDS) has no kmm.sigs.x-k8s.io_modules.yaml; KMODKIT_KMM_CRDS must be KMM's config/crd/bases directory" >&2; exit 2; }
-	@$(MAKE) --no-print-directory devcluster-bin
-	KMODKIT_KMM_CRDS="$(abspath $(KMODKIT_KMM_CRDS))" $(BIN)/pytest tests/kmm -ra
-
 demo: setup
 	@$(BIN)/python -m kmodkit_dev.demo
 

@@ -5,7 +5,7 @@ driver images and kwok nodes: the Module is garbage-collected with its
 policy, an allocated GPU ResourceClaim holds it, a version switch between
 empty and set recreates it while a bump patches it, and the device plugin runs
 only where the engine has loaded the driver. None of this needs upstream
-KMM's schema; the one check that does is in tests/kmm (``make test-kmm``).
+KMM's schema; the one check that does is tests/integration/test_kmm_schema.py.
 """
 
 from __future__ import annotations
