@@ -13,6 +13,7 @@ tests/unit/backends/intel_xe/kmm_module_cases.py.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -82,7 +83,7 @@ def _apply(kube_api: Any, module: dict[str, Any], dry_run: str | None = None) ->
     """Server-side apply, as the operator applies its Modules, with strict field validation."""
     meta = module["metadata"]
     objects: Any = client.CustomObjectsApi(kube_api)
-    answer: dict[str, Any] = objects.patch_namespaced_custom_object(
+    response = objects.patch_namespaced_custom_object(
         KMM_GROUP,
         KMM_VERSION,
         meta["namespace"],
@@ -94,7 +95,10 @@ def _apply(kube_api: Any, module: dict[str, Any], dry_run: str | None = None) ->
         dry_run=dry_run,
         field_validation="Strict",
         _content_type=devmanifests.APPLY,
+        # The client cannot deserialise an apply's answer into a dict by itself.
+        _preload_content=False,
     )
+    answer: dict[str, Any] = json.loads(response.data)
     return answer
 
 
