@@ -92,33 +92,36 @@ class NodeAgent:
     def load(self) -> None:
         self._require_container_mode()
         with self._lock():
-            # The image's modules are what this agent must have loaded: checked
-            # first, so a loaded build that is not theirs is never taken as ready.
-            image = None if self.config.build is not None else self._check_image()
-            expected = image.srcversions if image is not None else {}
-            order = self.config.loading_order
-            observed = self.view.observe(order)
-            decision = decide_load(
-                order, observed, self.config.version, self.replaces_in_tree, expected
-            )
-            self.log.info(
-                "load.decision",
-                action=str(decision.action),
+            self._load_locked()
+
+    def _load_locked(self) -> None:
+        # The image's modules are what this agent must have loaded: checked
+        # first, so a loaded build that is not theirs is never taken as ready.
+        image = None if self.config.build is not None else self._check_image()
+        expected = image.srcversions if image is not None else {}
+        order = self.config.loading_order
+        observed = self.view.observe(order)
+        decision = decide_load(
+            order, observed, self.config.version, self.replaces_in_tree, expected
+        )
+        self.log.info(
+            "load.decision",
+            action=str(decision.action),
+            reasons=list(decision.reasons),
+            kernel=self.kernel,
+            version=self.config.version,
+            modules=list(order),
+        )
+        if decision.action is LoadAction.BLOCKED:
+            raise AgentError(
+                f"cannot load {self.top}: {'; '.join(decision.reasons)}; "
+                "a built-in module cannot be replaced by a loadable one",
                 reasons=list(decision.reasons),
-                kernel=self.kernel,
-                version=self.config.version,
-                modules=list(order),
             )
-            if decision.action is LoadAction.BLOCKED:
-                raise AgentError(
-                    f"cannot load {self.top}: {'; '.join(decision.reasons)}; "
-                    "a built-in module cannot be replaced by a loadable one",
-                    reasons=list(decision.reasons),
-                )
-            if decision.action is not LoadAction.NOTHING:
-                self._load_modules(observed, decision.unload_first, image, expected)
-            self._install_host_files()
-            self._log_ready()
+        if decision.action is not LoadAction.NOTHING:
+            self._load_modules(observed, decision.unload_first, image, expected)
+        self._install_host_files()
+        self._log_ready()
 
     def unload(self, *, force: bool) -> None:
         self._require_container_mode()
@@ -138,11 +141,19 @@ class NodeAgent:
 
     def reload_if_gone(self) -> bool:
         """Load again when the driver vanished under a running loader (a manual rmmod, a
-        crash); a module that is there, whatever its state, is the status's to report."""
+        crash); a module that is there, whatever its state, is the status's to report.
+
+        Decided under the lock: a successor swapping the module (its old build out, its
+        new one in) holds it throughout, so a predecessor still running never takes the
+        gap for a vanished driver, and never replaces whatever is loaded."""
         if self.view.observe((self.top,))[self.top].presence is not Presence.ABSENT:
             return False
-        self.log.warning("module.disappeared", module=self.top)
-        self.load()
+        self._require_container_mode()
+        with self._lock():
+            if self.view.observe((self.top,))[self.top].presence is not Presence.ABSENT:
+                return False
+            self.log.warning("module.disappeared", module=self.top)
+            self._load_locked()
         return True
 
     def status(self) -> list[str]:

@@ -313,3 +313,25 @@ def test_an_unloader_leaves_a_dkms_managed_driver_alone_and_succeeds(node: Node)
     assert plain.exit_code == ExitCode.HOST_MANAGED
     assert unloader.exit_code == ExitCode.OK
     assert node.loaded() == [DEP, TOP]
+
+
+def test_a_predecessor_never_takes_a_successors_swap_for_a_vanished_driver(node: Node) -> None:
+    # The old loader (its image carries build OLD) is still running when the new one
+    # swaps the module: between the old build's unload and the new one's load, the
+    # driver is absent, but the successor holds the lock throughout.
+    node.image_module(DEP, version="2.9.0", srcversion="OLDDEP")
+    node.image_module(TOP, version="2.9.0", srcversion="OLD", depends=[DEP], devices=[DEVICE])
+    node.kernel(["depmod", "-b", str(node.image), node.kernel.release])
+    predecessor = node.agent()
+    outcome: list[bool] = []
+    with host_lock(node.host, TOP, timeout=1):
+        checker = threading.Thread(target=lambda: outcome.append(predecessor.reload_if_gone()))
+        checker.start()
+        time.sleep(0.05)  # it saw the driver absent and now waits for the lock
+        node.preload(DEP, version="2.9.0", srcversion="NEWDEP")
+        node.preload(TOP, version="2.9.0", srcversion="NEW", depends=[DEP], devices=[DEVICE])
+    checker.join(timeout=5)
+
+    assert outcome == [False]
+    assert node.kernel.modules[TOP].srcversion == "NEW"
+    assert not node.events("module.disappeared")
