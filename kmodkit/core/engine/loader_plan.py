@@ -799,9 +799,10 @@ def _retire(
     the loader pods go (it is created first, so the node never loses its record)."""
     unlabel = _unlabelled(node, ctx)
     source = pods.newest
-    if source is None or not (pods.to_remove or any(p.leaves_loaded for p in pods.leaving)):
-        # Nothing there, or only old pods unloading themselves on the way out.
+    if source is None:
         return NodeStep(node.name, outcome, unlabel)
+    # Even a pod on its way out (one that unloads on SIGTERM, or one someone else
+    # deleted) gets an unloader: only its success says nothing is left loaded.
     holders = _holders(node, ctx)
     if unlabel or holders is None or holders:
         return NodeStep(

@@ -624,3 +624,13 @@ def test_an_unloader_takes_the_image_only_when_its_unload_runs_modprobe() -> Non
     assert extractor["command"] == ["cp", "-R", f"/opt/lib/modules/{K1}/.", "/staging/"]
     staging = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "staging")
     assert staging["mountPath"] == f"/kmod/opt/lib/modules/{K1}"
+
+
+def test_a_retired_node_whose_pod_is_already_leaving_still_gets_an_unloader() -> None:
+    # An old pod unloads on SIGTERM, but if the device is busy it exits anyway:
+    # only an unloader's success says the node has nothing loaded.
+    m = module()
+    gone = node("a", **{"gpu": "amd"})
+    leaving = replace(legacy("xe-loader-a", "a"), deleting=True)
+    p = plan(m, [gone], [leaving], {}, SETTINGS, {"a": []})
+    assert _unloader_of(p)["spec"]["nodeName"] == "a" and p.delete == []
