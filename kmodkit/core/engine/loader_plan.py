@@ -306,9 +306,7 @@ def plan(
     ``removing``: the Module is being deleted, and every node unloads.
     """
     ctx = Context.of(module, images, settings, consumers)
-    by_node: dict[str, list[LoaderPod]] = {}
-    for pod in pods:
-        by_node.setdefault(pod.node, []).append(pod)
+    by_node = _by_node(pods)
     out = LoaderPlan()
     ordered = sorted(nodes, key=lambda n: n.name)
     # Without a module loader (removed, or a device-plugin-only Module) every node unloads.
@@ -348,9 +346,7 @@ def labels_follow_pods(
     Module that cannot be planned (it fails validation): nothing is created or deleted."""
     ready_key = labels.READY.key(namespace, name)
     version_key = labels.VERSION_READY.key(namespace, name)
-    by_node: dict[str, list[LoaderPod]] = {}
-    for pod in pods:
-        by_node.setdefault(pod.node, []).append(pod)
+    by_node = _by_node(pods)
     changes = {}
     for node in nodes:
         ready = _ready_pod(node, NodePods.of(by_node.get(node.name, ())).live)
@@ -359,6 +355,13 @@ def labels_follow_pods(
         if change:
             changes[node.name] = change
     return changes
+
+
+def _by_node(pods: Iterable[LoaderPod]) -> dict[str, list[LoaderPod]]:
+    by_node: dict[str, list[LoaderPod]] = {}
+    for pod in pods:
+        by_node.setdefault(pod.node, []).append(pod)
+    return by_node
 
 
 def decide(node: NodeView, pods: Iterable[LoaderPod], ctx: Context) -> NodeStep | Update | Refresh:
