@@ -37,6 +37,7 @@ from kmodkit.core.engine.build_plan import (
 from kmodkit.core.engine.device_plugin import (
     DEVICE_PLUGIN_COMPONENT,
     DaemonSetView,
+    DevicePluginPlan,
     daemon_set_view,
     plan_device_plugin,
     plugin_labels,
@@ -303,24 +304,21 @@ class ModuleController:
         # this write first; a slower watch can repeat an event, rarely.
         for job_name, reported in builds.reported.items():
             if job_name not in unposted:
-                self.kube.annotate_job(ns, job_name, {REPORTED_ANNOTATION: reported})
+                failures += self._attempt(
+                    f"annotating Job {ns}/{job_name}",
+                    self.kube.annotate_job,
+                    ns,
+                    job_name,
+                    {REPORTED_ANNOTATION: reported},
+                )
         failures += self._apply_pods(final, owner, ns)
-        node_labels = {node: dict(change) for node, change in final.node_labels.items()}
-        for node, change in plugin_labels(ns, name, nodes, plugin_ready_on or []).items():
-            node_labels.setdefault(node, {}).update(change)
-        failures += self._label_nodes(node_labels, ns, name)
+        failures += self._label_nodes(
+            _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
+            ns,
+            name,
+        )
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
-        if plugin.apply is not None:
-            plugin.apply["metadata"]["ownerReferences"] = [owner]
-            failures += self._attempt(
-                f"applying DaemonSet {ns}/{plugin.apply['metadata']['name']}",
-                self.kube.apply_daemon_set,
-                plugin.apply,
-            )
-        for ds in plugin.delete:
-            failures += self._attempt(
-                f"deleting DaemonSet {ns}/{ds}", self.kube.delete_daemon_set, ns, ds
-            )
+        failures += self._apply_device_plugin(plugin, owner, ns)
         self._report_unload_failures(final, body)
         self._report_failures(body, "ApplyFailed", failures)
         metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
@@ -407,6 +405,23 @@ class ModuleController:
                 failures += self._attempt(
                     f"deleting Pod {ns}/{pod_name}", self.kube.delete_pod, ns, pod_name
                 )
+        return failures
+
+    def _apply_device_plugin(
+        self, plugin: DevicePluginPlan, owner: Mapping[str, Any], ns: str
+    ) -> list[str]:
+        failures = []
+        if plugin.apply is not None:
+            plugin.apply["metadata"]["ownerReferences"] = [owner]
+            failures += self._attempt(
+                f"applying DaemonSet {ns}/{plugin.apply['metadata']['name']}",
+                self.kube.apply_daemon_set,
+                plugin.apply,
+            )
+        for ds in plugin.delete:
+            failures += self._attempt(
+                f"deleting DaemonSet {ns}/{ds}", self.kube.delete_daemon_set, ns, ds
+            )
         return failures
 
     def _report_failures(
@@ -504,10 +519,9 @@ class ModuleController:
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
         failures = self._apply_pods(removal, owner, ns)
-        node_labels = {node: dict(change) for node, change in removal.node_labels.items()}
-        for node, change in plugin_labels(ns, name, nodes, []).items():
-            node_labels.setdefault(node, {}).update(change)
-        failures += self._label_nodes(node_labels, ns, name)
+        failures += self._label_nodes(
+            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), ns, name
+        )
         self._report_unload_failures(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
         if pods:
@@ -518,6 +532,20 @@ class ModuleController:
             raise kopf.TemporaryError(
                 f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
+
+
+def _with_plugin_labels(
+    changes: Mapping[str, Mapping[str, str | None]],
+    ns: str,
+    name: str,
+    nodes: list[NodeView],
+    plugin_ready_on: list[str],
+) -> dict[str, dict[str, str | None]]:
+    """The loader plan's label changes with the device-plugin-ready label's."""
+    merged = {node: dict(change) for node, change in changes.items()}
+    for node, change in plugin_labels(ns, name, nodes, plugin_ready_on).items():
+        merged.setdefault(node, {}).update(change)
+    return merged
 
 
 def _loader_or_unloader(value: str | None, **_: Any) -> bool:
