@@ -13,7 +13,7 @@ messages so both say the same thing.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -391,6 +391,10 @@ class ModuleSpec(KubeModel):
     """Change to re-check every image with its registry now, and retry failed builds at once."""
     rollout: RolloutPolicy | None = None
     """kmodkit extension: rollout policy; absent means one node at a time."""
+
+    def pod_tolerations(self) -> list[dict[str, Any]]:
+        """The Module's tolerations as every pod made for it carries them."""
+        return [t.model_dump(by_alias=True, exclude_none=True) for t in self.tolerations or []]
 
     @property
     def loader(self) -> ModuleLoader:

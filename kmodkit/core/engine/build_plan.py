@@ -508,10 +508,7 @@ def build_job(
                             }
                         }
                     },
-                    "tolerations": [
-                        t.model_dump(by_alias=True, exclude_none=True)
-                        for t in module.spec.tolerations or []
-                    ],
+                    "tolerations": module.spec.pod_tolerations(),
                     "containers": [
                         {
                             "name": "kaniko",

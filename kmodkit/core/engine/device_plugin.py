@@ -88,9 +88,7 @@ def plan_device_plugin(
     if wanted is None:
         return DevicePluginPlan(delete=tuple(sorted(observed)))
     current = observed.pop(wanted["metadata"]["name"], None)
-    tolerations = [
-        t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations or []
-    ]
+    tolerations = module.spec.pod_tolerations()
     selected = sum(
         1
         for n in nodes
@@ -124,9 +122,7 @@ def daemon_set(module: Module) -> dict[str, Any] | None:
     ]
     pod_spec: dict[str, Any] = {
         "nodeSelector": node_selector,
-        "tolerations": [
-            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations or []
-        ],
+        "tolerations": module.spec.pod_tolerations(),
         "containers": [_container("device-plugin", plugin.container, default_mount=True)],
         "volumes": volumes,
     }

@@ -181,10 +181,7 @@ class Context:
             version=(loader.container.version or "")
             if (loader := module.spec.module_loader)
             else "",
-            tolerations=[
-                t.model_dump(by_alias=True, exclude_none=True)
-                for t in module.spec.tolerations or []
-            ],
+            tolerations=module.spec.pod_tolerations(),
             consumers=consumers,
         )
 
@@ -271,7 +268,6 @@ class Update:
     """A node whose working loader pod runs an outdated module: only the budget lets it go."""
 
     node: NodeView
-    pods: NodePods
     pod: LoaderPod
     image: ResolvedMapping
     template: Mapping[str, Any]
@@ -473,7 +469,7 @@ def _run(
     newest = pods.live[0]
     if not newest.ready or newest.kernel != node.kernel:
         return _replace(node, pods, newest, resolved, template, ctx)
-    return Update(node, pods, newest, resolved, template)
+    return Update(node, newest, resolved, template)
 
 
 def _current(
@@ -668,7 +664,7 @@ def _update_pending(update: Update, budget: int, ctx: Context) -> NodeStep:
             f"waiting for the rollout budget (maxUnavailable {budget})",
             update.image.mapping_index,
         ),
-        _labels_from_pods(node, update.pods.live, ctx),
+        _labels_from_pods(node, (update.pod,), ctx),
         image=update.image,
     )
 

@@ -405,13 +405,7 @@ def pod_template(
         "restartPolicy": "Always",
         "serviceAccountName": module.spec.loader.service_account_name or "default",
         "automountServiceAccountToken": False,
-        "tolerations": [
-            *TRANSIENT_TOLERATIONS,
-            *(
-                t.model_dump(by_alias=True, exclude_none=True)
-                for t in module.spec.tolerations or []
-            ),
-        ],
+        "tolerations": [*TRANSIENT_TOLERATIONS, *module.spec.pod_tolerations()],
         "priorityClassName": PRIORITY_CLASS,
         "initContainers": extract,
         "containers": [
