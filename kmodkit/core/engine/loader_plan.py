@@ -468,7 +468,7 @@ def _run(
         return _create(node, pods, resolved, template, ctx)
     newest = pods.live[0]
     if not newest.ready or newest.kernel != node.kernel:
-        return _replace(node, pods, newest, resolved, template, ctx)
+        return _replace(node, newest, resolved, template, ctx)
     return Update(node, newest, resolved, template)
 
 
@@ -514,7 +514,7 @@ def _current(
         if ready is current:
             return Refresh(node, current, resolved, template)
         # Not working anyway: replace it without waiting for the budget.
-        return _replace(node, pods, current, resolved, template, ctx)
+        return _replace(node, current, resolved, template, ctx)
     return NodeStep(
         node.name,
         outcome,
@@ -576,16 +576,26 @@ def _create(
 def _waiting_for_old_pods(
     node: NodeView, pods: NodePods, resolved: ResolvedMapping, ctx: Context
 ) -> NodeStep:
+    message = f"loader pod {pods.leaving[0].name} is unloading"
+    return _going(node, "Unloading", message, resolved, ctx)
+
+
+def _going(
+    node: NodeView,
+    reason: str,
+    message: str,
+    resolved: ResolvedMapping,
+    ctx: Context,
+    create: dict[str, Any] | None = None,
+    delete: tuple[str, ...] = (),
+) -> NodeStep:
+    """A node whose module is being replaced: unlabelled, and counted unavailable."""
     return NodeStep(
         node.name,
-        NodeOutcome(
-            node.name,
-            Phase.UPDATING,
-            "Unloading",
-            f"loader pod {pods.leaving[0].name} is unloading",
-            resolved.mapping_index,
-        ),
+        NodeOutcome(node.name, Phase.UPDATING, reason, message, resolved.mapping_index),
         _unlabelled(node, ctx),
+        create=create,
+        delete=delete,
         unavailable=True,
         image=resolved,
     )
@@ -606,7 +616,6 @@ def _successor(
 
 def _replace(
     node: NodeView,
-    pods: NodePods,
     pod: LoaderPod,
     resolved: ResolvedMapping,
     template: Mapping[str, Any],
@@ -615,21 +624,8 @@ def _replace(
     # Nothing useful is loaded (it never came up, or the node rebooted into
     # another kernel): replacing it spends no budget.
     create, delete = _successor(node, pod, template, ctx)
-    return NodeStep(
-        node.name,
-        NodeOutcome(
-            node.name,
-            Phase.UPDATING,
-            "Replacing",
-            f"replacing loader pod {pod.name}",
-            resolved.mapping_index,
-        ),
-        _unlabelled(node, ctx),
-        create=create,
-        delete=delete,
-        unavailable=True,
-        image=resolved,
-    )
+    message = f"replacing loader pod {pod.name}"
+    return _going(node, "Replacing", message, resolved, ctx, create, delete)
 
 
 def _refresh(refresh: Refresh, go: bool, budget: int, ctx: Context) -> NodeStep:
@@ -678,21 +674,8 @@ def _unload(
     node, pod = update.node, update.pod
     if under_way and holders is not None and not holders:
         create, delete = _successor(node, pod, update.template, ctx)
-        return NodeStep(
-            node.name,
-            NodeOutcome(
-                node.name,
-                Phase.UPDATING,
-                "Unloading",
-                f"replacing the old module ({pod.name})",
-                update.image.mapping_index,
-            ),
-            _unlabelled(node, ctx),
-            create=create,
-            delete=delete,
-            unavailable=True,
-            image=update.image,
-        )
+        message = f"replacing the old module ({pod.name})"
+        return _going(node, "Unloading", message, update.image, ctx, create, delete)
     return NodeStep(
         node.name,
         NodeOutcome(
