@@ -39,6 +39,8 @@ from kmodkit.core.api.module import API_VERSION as MODULE_API_VERSION
 from kmodkit.core.api.module import (
     IMAGE_TAG_OR_DIGEST_CEL,
     KMM_API_VERSION,
+    MAX_BUILD_ARGS,
+    MAX_KERNEL_MAPPINGS,
     MAX_NAME_AND_NAMESPACE,
     BuildArg,
 )
@@ -133,6 +135,8 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     "BuildArg",
     "IMAGE_TAG_OR_DIGEST_CEL",
     "KMM_API_VERSION",
+    "MAX_BUILD_ARGS",
+    "MAX_KERNEL_MAPPINGS",
     "MAX_NAME_AND_NAMESPACE",
     "MODULE_API_VERSION",
     "MODULE_NAME_RE",

@@ -263,8 +263,6 @@ CASES = [
             )
         ),
         f"{C}.build.buildArgs[0].value",
-        # CEL over every build argument would exceed the apiserver's cost budget.
-        admission=False,
     ),
     # What CEL cannot check; admission lets these through and kmodkit's own
     # validation (and the engine) reject them.

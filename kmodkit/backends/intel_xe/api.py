@@ -22,6 +22,8 @@ from pydantic import ConfigDict, Field
 from kmodkit.sdk import (
     IMAGE_TAG_OR_DIGEST_CEL,
     LABEL_VALUE_RE,
+    MAX_BUILD_ARGS,
+    MAX_KERNEL_MAPPINGS,
     MAX_NAME_AND_NAMESPACE,
     BuildArg,
     Condition,
@@ -258,7 +260,7 @@ class BuildSpec(KubeModel):
 
     dockerfile_config_map: LocalObjectReference
     """ConfigMap in the operator namespace with the Dockerfile under the key 'dockerfile'."""
-    build_args: list[BuildArg] | None = Field(default=None, max_length=64)
+    build_args: list[BuildArg] | None = Field(default=None, max_length=MAX_BUILD_ARGS)
     """Build arguments (KERNEL_FULL_VERSION is always passed)."""
     secrets: list[LocalObjectReference] | None = Field(default=None, max_length=64)
     """Secrets the build may read; not for registry credentials (use pullSecret)."""
@@ -359,7 +361,7 @@ class KernelModuleSpec(KubeModel):
     """Opts into ordered upgrades: nodes load it once labelled with this version."""
     engine: Literal["Auto", "KMM", "Builtin"] = "Auto"
     """Which engine loads the driver: KMM if installed (Auto), or force KMM or kmodkit's own."""
-    kernel_mappings: list[KernelMappingSpec] = Field(min_length=1, max_length=64)
+    kernel_mappings: list[KernelMappingSpec] = Field(min_length=1, max_length=MAX_KERNEL_MAPPINGS)
     """Kernel-to-image mappings, tried in order."""
     modules_loading_order: list[ShortName] | None = Field(default=None, max_length=64)
     """moduleName first, then the modules loaded with it; unloaded in reverse."""

@@ -130,6 +130,9 @@ UNKNOWN_VARIABLE_MSG = "names an unknown template variable; the known ones are "
     f"${{{v}}}" for v in TEMPLATE_VARIABLES
 )
 _IMAGE_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="containerImage")
+_BUILD_ARG_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="value")
+MAX_BUILD_ARGS = 16
+MAX_KERNEL_MAPPINGS = 64
 _ORDER_SET = "has(self.modulesLoadingOrder)"
 _NAME_SET = "(has(self.moduleName) && self.moduleName != '')"
 
@@ -217,9 +220,12 @@ class BuildArg(KubeModel):
     """One build argument for the Dockerfile."""
 
     name: ShortName
-    # Not checked by CEL: over every value of every mapping's build, the check would
-    # cost more than the apiserver allows a schema; kmodkit's validation checks it.
-    value: Text
+    # 512 characters, 16 arguments and 64 mappings keep this rule within the
+    # apiserver's cost budget (with KMM's unbounded lists it would exceed it 24 times).
+    value: Annotated[
+        str,
+        Field(max_length=512, json_schema_extra=cel_rules(_BUILD_ARG_VARIABLES_RULE)),
+    ]
 
 
 class KanikoParams(KubeModel):
@@ -232,7 +238,7 @@ class KanikoParams(KubeModel):
 class Build(KubeModel):
     """An in-cluster image build, used when the image does not exist yet."""
 
-    build_args: list[BuildArg] | None = Field(default=None, max_length=64)
+    build_args: list[BuildArg] | None = Field(default=None, max_length=MAX_BUILD_ARGS)
     """Build arguments; template variables such as ${KERNEL_FULL_VERSION} are substituted."""
     dockerfile_config_map: LocalObjectReference
     """ConfigMap whose key "dockerfile" holds the Dockerfile."""
@@ -325,7 +331,7 @@ class ModuleLoaderContainer(KubeModel):
         Field(json_schema_extra=cel_rules(_IMAGE_RULE, _IMAGE_VARIABLES_RULE)),
     ] = None
     """Default image for kernel mappings that do not name one."""
-    kernel_mappings: list[KernelMapping] = Field(min_length=1, max_length=128)
+    kernel_mappings: list[KernelMapping] = Field(min_length=1, max_length=MAX_KERNEL_MAPPINGS)
     """Kernel mappings, tried in order; the first that matches a node's kernel wins."""
     in_tree_modules_to_remove: list[ShortName] | None = Field(default=None, max_length=64)
     """In-tree modules to unload before loading this one."""
