@@ -86,6 +86,7 @@ class NodeAgent:
         self.replaces_in_tree = frozenset(config.loading_order) & frozenset(
             config.in_tree_modules_to_remove
         )
+        self._expected: dict[str, str] | None = None
 
     # -- commands ---------------------------------------------------------
 
@@ -162,9 +163,7 @@ class NodeAgent:
         observed = self.view.observe(order)
         for name in order:
             self.log.info("module.observed", **_observation_log(observed[name]))
-        problems = readiness_problems(
-            order, observed, self.config.version, self.replaces_in_tree, self._expected_builds()
-        )
+        problems = self._problems(observed)
         self.log.info(
             "status",
             ready=not problems,
@@ -173,6 +172,19 @@ class NodeAgent:
             expected_version=self.config.version,
         )
         return problems
+
+    def readiness(self) -> list[str]:
+        """What ``status`` says, without logging it: the serving loop asks every 10 s."""
+        return self._problems(self.view.observe(self.config.loading_order))
+
+    def _problems(self, observed: dict[str, ModuleObservation]) -> list[str]:
+        return readiness_problems(
+            self.config.loading_order,
+            observed,
+            self.config.version,
+            self.replaces_in_tree,
+            self._expected_builds(),
+        )
 
     # -- load steps -------------------------------------------------------
 
@@ -263,11 +275,19 @@ class NodeAgent:
         return {name: value for name, value in found.items() if value}
 
     def _expected_builds(self) -> dict[str, str]:
-        """What a status check compares the loaded modules with: the image's builds."""
+        """What a status check compares the loaded modules with: the image's builds.
+
+        Read once: the pod's copy of the image never changes, and a modinfo per
+        module on every check is most of what a check costs."""
         if self.config.build is not None:
             return {}
-        base = Path(self.config.modprobe.dir_name) / "lib" / "modules" / self.kernel
-        return self._image_srcversions() if (base / "modules.dep").is_file() else {}
+        if self._expected is None:
+            base = Path(self.config.modprobe.dir_name) / "lib" / "modules" / self.kernel
+            # No modules.dep yet: the load's depmod has not run (nothing to compare).
+            if not (base / "modules.dep").is_file():
+                return {}
+            self._expected = self._image_srcversions()
+        return self._expected
 
     def _remove_in_tree_modules(self) -> None:
         names = self.config.in_tree_modules_to_remove

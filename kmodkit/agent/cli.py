@@ -26,7 +26,8 @@ from kmodkit.agent.errors import AgentError, ConfigError, ExitCode, HostManaged
 from kmodkit.agent.host_mode import InstallMode
 from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
-from kmodkit.agent.lifecycle import install_stop_handlers, serve
+from kmodkit.agent.lifecycle import install_stop_handlers, loop_readiness, serve
+from kmodkit.agent.readiness import serve_readiness
 
 
 @dataclass(frozen=True)
@@ -214,14 +215,36 @@ def install_file_command(inv: _Invocation, source: Path, target: str, mode: str)
     default=None,
     help="On SIGTERM, unload the driver or leave it loaded (overrides unloadOnTerminate).",
 )
+@click.option(
+    "--readiness-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Answer GET /readyz on this port (200 ready, 503 not) from the loop's last look.",
+)
+@click.option(
+    "--readiness-host",
+    default="",
+    help="Address to answer readiness on; default: all (the kubelet probes the pod's IP).",
+)
 @click.pass_obj
-def run(inv: _Invocation, force_unload: bool | None, unload_on_terminate: bool | None) -> None:
+def run(
+    inv: _Invocation,
+    force_unload: bool | None,
+    unload_on_terminate: bool | None,
+    readiness_port: int | None,
+    readiness_host: str,
+) -> None:
     """Load, then stay up until SIGTERM (the loader container's main process)."""
     stop = threading.Event()
     install_stop_handlers(stop)
 
     def body(log: EventLog) -> None:
         agent = inv.agent(log, force_unload=force_unload, unload_on_terminate=unload_on_terminate)
-        serve(agent, stop, unload_on_terminate=agent.config.unload_on_terminate)
+        readiness = loop_readiness()
+        if readiness_port is not None:
+            serve_readiness(readiness, readiness_port, readiness_host)
+        serve(
+            agent, stop, unload_on_terminate=agent.config.unload_on_terminate, readiness=readiness
+        )
 
     _finish("run", body)

@@ -1,8 +1,8 @@
 """``kmodkit-agent run``: the long-running loader container.
 
-Load, then stay up so the pod's readiness probe (``kmodkit-agent status``) keeps
-reporting the live kernel state, and load again if the driver vanishes (a
-manual rmmod, a crashed module), until the kubelet sends SIGTERM. What happens
+Load, then stay up, looking at the kernel every 10 s: load again if the driver
+vanished (a manual rmmod, a crashed module) and keep what it saw for the pod's
+readiness probe (``kmodkit.agent.readiness``), until the kubelet sends SIGTERM. What happens
 then is a choice (``unloadOnTerminate``): unloading frees the node for another
 driver; leaving the module loaded keeps workloads running across a loader pod
 restart or an operator upgrade (the built-in engine's loaders leave it, and
@@ -18,11 +18,16 @@ from types import FrameType
 
 from kmodkit.agent.actions import NodeAgent
 from kmodkit.agent.errors import AgentError, HostManaged
+from kmodkit.agent.readiness import Readiness
 
 # How often the idle loop wakes to notice a stop request.
 _WAKE_SECONDS = 1.0
 # How often a serving loader looks whether its driver is still loaded.
 RECHECK_SECONDS = 10.0
+# Looks missed in a row before the readiness answer counts as stale.
+STALE_AFTER_CHECKS = 6
+# DKMS loads the driver on such a node: this pod's own module is not what runs.
+HOST_MANAGED_PROBLEM = "DKMS manages the driver on this node"
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
@@ -33,13 +38,22 @@ def install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, request_stop)
 
 
+def loop_readiness(recheck_seconds: float = RECHECK_SECONDS) -> Readiness:
+    """What a loop looking every ``recheck_seconds`` keeps, stale after a few missed looks."""
+    return Readiness(stale_after=STALE_AFTER_CHECKS * recheck_seconds)
+
+
 def serve(
     agent: NodeAgent,
     stop: threading.Event,
     *,
     unload_on_terminate: bool,
     recheck_seconds: float = RECHECK_SECONDS,
+    readiness: Readiness | None = None,
 ) -> None:
+    """Load, then look every ``recheck_seconds``: load a vanished driver again and
+    keep in ``readiness`` what the kernel has (the pod's readiness probe reads it)."""
+    readiness = readiness or loop_readiness(recheck_seconds)
     host_managed = False
     with agent.serving():
         try:
@@ -50,17 +64,27 @@ def serve(
             host_managed = True
             agent.log.warning("host_managed.idle", message=exc.message, **exc.fields)
         agent.log.info("serving", unload_on_terminate=unload_on_terminate)
+        _look(agent, readiness, host_managed)
         next_check = time.monotonic() + recheck_seconds
         while not stop.wait(_WAKE_SECONDS):
-            if host_managed or time.monotonic() < next_check:
+            if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + recheck_seconds
-            try:
-                agent.reload_if_gone()
-            except AgentError as exc:  # reported by the status probe; tried again later
-                agent.log.error(exc.event, message=exc.message, **exc.fields)
+            if not host_managed:
+                try:
+                    agent.reload_if_gone()
+                except AgentError as exc:  # the readiness says so; tried again later
+                    agent.log.error(exc.event, message=exc.message, **exc.fields)
+            _look(agent, readiness, host_managed)
     if host_managed or not unload_on_terminate:
         agent.log.info("terminating.left_loaded", host_managed=host_managed)
         return
     agent.log.info("terminating.unloading")
     agent.unload(force=agent.config.force_unload)
+
+
+def _look(agent: NodeAgent, readiness: Readiness, host_managed: bool) -> None:
+    """Record what the kernel has now; log it only when it changed."""
+    problems = [HOST_MANAGED_PROBLEM] if host_managed else agent.readiness()
+    if readiness.record(problems):
+        agent.log.info("readiness", ready=not problems, problems=problems)

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from kmodkit.agent.config import AgentConfig, ModprobeArgs, ModprobeConfig
+from kmodkit.agent.readiness import READY_PATH
 from kmodkit.core import labels
 from kmodkit.core.api import ModprobeSpec, Module
 from kmodkit.core.api.module import MODULE_NAME_MSG
@@ -68,6 +69,8 @@ MODULE_LOADING: Mapping[str, Any] = {
     "seLinuxOptions": {"type": "spc_t"},
 }
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+# The agent's readiness answer, on the pod's own network address.
+READINESS_PORT = 8095
 
 # Loader pods stay through a cordon or a NotReady spell, as DaemonSet pods do.
 TRANSIENT_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -412,13 +415,15 @@ def pod_template(
             {
                 "name": "agent",
                 "image": settings.agent_image,
-                "command": [*agent, "run"],
-                # Three misses in a row, each given 10 s: one slow probe on a
-                # loaded node must not take the label (and the device plugin) away.
+                "command": [*agent, "run", "--readiness-port", str(READINESS_PORT)],
+                "ports": [{"name": "readiness", "containerPort": READINESS_PORT}],
+                # The agent answers from its loop's last look at the kernel (no
+                # process per probe); three misses in a row, each given 5 s, so one
+                # slow answer never takes the label (and the device plugin) away.
                 "readinessProbe": {
-                    "exec": {"command": [*agent, "status"]},
+                    "httpGet": {"path": READY_PATH, "port": "readiness"},
                     "periodSeconds": 10,
-                    "timeoutSeconds": 10,
+                    "timeoutSeconds": 5,
                     "failureThreshold": 3,
                 },
                 "securityContext": security,

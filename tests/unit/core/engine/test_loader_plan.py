@@ -598,7 +598,11 @@ def test_a_loader_pod_is_node_critical_probes_patiently_and_runs_no_shell() -> N
     assert spec["priorityClassName"] == "system-node-critical"
     (agent,) = spec["containers"]
     probe = agent["readinessProbe"]
-    assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (10, 3)
+    # Answered by the serving agent over HTTP: no process per probe.
+    assert probe["httpGet"] == {"path": "/readyz", "port": "readiness"}
+    assert agent["ports"] == [{"name": "readiness", "containerPort": 8095}]
+    assert agent["command"][-2:] == ["--readiness-port", "8095"]
+    assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (5, 3)
     assert agent["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
     assert [c["command"][0] for c in spec["initContainers"]] == ["cp", "cp"]
     # The staging copies are caches: the autoscaler may drain the node.
