@@ -28,6 +28,7 @@ from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
 from kmodkit.agent.lifecycle import install_stop_handlers, loop_readiness, serve
 from kmodkit.agent.readiness import serve_readiness
+from kmodkit.agent.staging import STAGING_ENV, claimed, release_module
 
 
 @dataclass(frozen=True)
@@ -153,12 +154,16 @@ def unload(inv: _Invocation, force_unload: bool | None, host_managed_ok: bool) -
 
     def body(log: EventLog) -> None:
         agent = inv.agent(log, force_unload=force_unload)
-        try:
-            agent.unload(force=agent.config.force_unload)
-        except HostManaged as exc:
-            if not host_managed_ok:
-                raise
-            log.info("unload.host_managed", message=exc.message, **exc.fields)
+        with claimed(inv.host, os.environ.get(STAGING_ENV), log) as own:
+            try:
+                agent.unload(force=agent.config.force_unload)
+            except HostManaged as exc:
+                if not host_managed_ok:
+                    raise
+                log.info("unload.host_managed", message=exc.message, **exc.fields)
+            if own is not None:
+                removed = release_module(own)
+                log.info("staging.released", copies=[inv.host.host_view(p) for p in removed])
 
     _finish("unload", body)
 
@@ -243,8 +248,12 @@ def run(
         readiness = loop_readiness()
         if readiness_port is not None:
             serve_readiness(readiness, readiness_port, readiness_host)
-        serve(
-            agent, stop, unload_on_terminate=agent.config.unload_on_terminate, readiness=readiness
-        )
+        with claimed(inv.host, os.environ.get(STAGING_ENV), log):
+            serve(
+                agent,
+                stop,
+                unload_on_terminate=agent.config.unload_on_terminate,
+                readiness=readiness,
+            )
 
     _finish("run", body)

@@ -7,6 +7,7 @@ appears it pushes the image, as kaniko would), the third kernel unmapped.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit_dev import build
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, running_operator
@@ -929,3 +931,49 @@ def _unloader_nodes(kube_api: Any, namespace: str) -> set[str]:
         .items
     )
     return {p.spec.node_name for p in pods}
+
+
+def test_kubectl_drain_evicts_a_loader_pod_without_flags_and_nothing_unloads(
+    operator: Operator,
+    kube_api: Any,
+    kubeconfig: str,
+    namespace: str,
+    oci_registry: Registry,
+    fleet: tuple[str, list[str]],
+) -> None:
+    """A plain ``kubectl drain`` (no ``--force``, no ``--delete-emptydir-data``) evicts
+    the Module's loader pod: it has a controller and keeps its copy of the image on the
+    host, not in an emptyDir. The engine gives the cordoned node a new loader pod, which
+    adopts the loaded module: no unloader is made. (The drain is limited to this
+    Module's pods, as other tests leave bare pods on the fleet's nodes.)"""
+    tag, names = fleet
+    a0 = _a_nodes(names)[0]
+    ready = _apply_simple(
+        kube_api, namespace, oci_registry, tag, "dr", f"{oci_registry.host}/kmods/dr:1"
+    )
+    wait_until(lambda: ready in _labels(kube_api, a0), "initial load")
+    evicted = _pods(kube_api, namespace)[a0].metadata.uid
+    kubectl = [str(build.binary("kubectl")), f"--kubeconfig={kubeconfig}"]
+    try:
+        drained = subprocess.run(
+            [*kubectl, "drain", a0, "--pod-selector=kmodkit.io/module=dr", "--timeout=60s"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert drained.returncode == 0, drained.stderr
+        assert "evicted" in drained.stdout, drained.stdout
+        wait_until(
+            lambda: (
+                (p := _pods(kube_api, namespace).get(a0)) is not None
+                and p.metadata.uid != evicted
+                and ready in _labels(kube_api, a0)
+            ),
+            "a new loader pod on the drained node, and the label back",
+        )
+    finally:
+        subprocess.run([*kubectl, "uncordon", a0], check=True, capture_output=True)
+    unloaders = client.CoreV1Api(kube_api).list_namespaced_pod(
+        namespace, label_selector="app.kubernetes.io/component=module-unloader"
+    )
+    assert unloaders.items == []

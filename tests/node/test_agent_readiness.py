@@ -8,6 +8,7 @@ saying ready when the loop stops looking.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from kmodkit.agent.host_lock import host_lock
 from kmodkit.agent.lifecycle import serve
 from kmodkit.agent.readiness import Readiness, serve_readiness
+from kmodkit.agent.staging import STAGING_ENV, STAGING_ROOT, prune
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +113,7 @@ def test_an_answer_the_loop_stopped_refreshing_is_not_ready() -> None:
     assert readiness.answer() == (False, "not ready: the kernel was last checked 61s ago")
 
 
-def test_the_real_process_answers_on_its_readiness_port(node: Node) -> None:
+def test_the_real_process_answers_on_its_readiness_port_and_holds_its_copy(node: Node) -> None:
     # Loaded and built on the node (no image to read with modinfo): no kmod tools needed.
     node.preload_pair("2.9.0")
     config_file = node.config_file(build={"command": ["false"], "cacheDir": "/var/cache/tt"})
@@ -137,14 +139,20 @@ def test_the_real_process_answers_on_its_readiness_port(node: Node) -> None:
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, STAGING_ENV: f"{STAGING_ROOT}/drivers.tt/uid-1"},
     )
+    copy = node.host.path(f"{STAGING_ROOT}/drivers.tt/uid-1")
+    staging, long_ago = node.host.path(STAGING_ROOT), time.time() + 2 * 24 * 3600
     try:
         assert process.stdout is not None
         for line in process.stdout:
             if json.loads(line)["event"] == "readiness":
                 break
         assert probe(port) == (200, "ready\n")
+        # Its copy of the image is held for as long as it runs, however old.
+        assert prune(staging, keep=staging / "none", now=long_ago) == []
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=20)
     assert process.returncode == 0
+    assert prune(staging, keep=staging / "none", now=long_ago) == [copy]

@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 
 from kmodkit.agent.config import AgentConfig, ModprobeArgs, ModprobeConfig
 from kmodkit.agent.readiness import READY_PATH
+from kmodkit.agent.staging import STAGING_ENV, STAGING_ROOT
 from kmodkit.core import labels
 from kmodkit.core.api import ModprobeSpec, Module
 from kmodkit.core.api.module import MODULE_NAME_MSG
@@ -68,7 +69,19 @@ MODULE_LOADING: Mapping[str, Any] = {
     "runAsUser": 0,
     "seLinuxOptions": {"type": "spc_t"},
 }
-SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+# Copying out of the image into the host's staging directory: root, as the
+# kubelet made that directory; spc_t, as container_t may not write host paths.
+EXTRACTING: Mapping[str, Any] = {
+    "capabilities": {"drop": ["ALL"]},
+    "allowPrivilegeEscalation": False,
+    "runAsUser": 0,
+    "seLinuxOptions": {"type": "spc_t"},
+}
+# The cluster autoscaler may remove a node whatever runs there: the pods hold
+# no data (their copies of the image live on the host, see kmodkit.agent.staging).
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+POD_UID_ENV = "KMODKIT_POD_UID"
+FIRMWARE_EXTRACTOR = "firmware-extractor"
 # The agent's readiness answer, on the pod's own network address.
 READINESS_PORT = 8095
 
@@ -113,6 +126,8 @@ class LoaderPod:
     """The agent configuration the pod runs (YAML), for the unloader that follows it."""
     image: str = ""
     """The module image its init container copies from."""
+    firmware_source: str = ""
+    """The image's firmware directory its init container copies (empty: none)."""
 
     @property
     def ended(self) -> bool:
@@ -148,7 +163,17 @@ def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
         unloader=(meta.get("labels") or {}).get(COMPONENT_LABEL) == UNLOADER_COMPONENT,
         agent_config=ann.get(AGENT_CONFIG, ""),
         image=((spec.get("initContainers") or [{}])[0]).get("image", ""),
+        firmware_source=_copied_firmware(spec),
     )
+
+
+def _copied_firmware(spec: Mapping[str, Any]) -> str:
+    """The firmware directory the pod's firmware extractor copies out of the image."""
+    for init in spec.get("initContainers") or []:
+        command = init.get("command") or []
+        if init.get("name") == FIRMWARE_EXTRACTOR and len(command) == 4:
+            return str(command[2]).removesuffix("/.")
+    return ""
 
 
 def _recorded_module(spec: Mapping[str, Any], ann: Mapping[str, str]) -> str:
@@ -365,43 +390,36 @@ def pod_template(
     modprobe = container.modprobe
     config = config_document(agent_config(module, resolved, settings))
     firmware = bool(modprobe.firmware_path)
+    firmware_host = settings.firmware_host_path if firmware else None
     # Writing /sys/module/firmware_class/parameters/path needs a writable
     # sysfs, i.e. a privileged container; nothing else the agent does does.
     privileged = firmware and settings.firmware_host_path not in BUILTIN_FIRMWARE_DIRS
     # The agent finds the modules where modprobe.dirName says, inside the
     # staging directory; depmod may write modules.dep there (it is a copy).
+    copy = _copy(ns, name)
     mounts = [
-        {
-            "name": "staging",
-            "mountPath": f"{STAGING}{modprobe.dir_name}/lib/modules/{resolved.kernel}",
-        },
-        *_agent_mounts(_host_paths(settings, firmware, privileged)),
+        _staging_mount(
+            f"{STAGING}{modprobe.dir_name}/lib/modules/{resolved.kernel}", f"{copy}/modules"
+        ),
+        *_agent_mounts(_host_paths(firmware_host, privileged=privileged)),
     ]
+    pull = container.image_pull_policy or ""
+    source = f"{modprobe.dir_name}/lib/modules/{resolved.kernel}"
     extract = [
-        _extractor(
-            "image-extractor",
-            resolved.container_image,
-            container.image_pull_policy or "",
-            f"{modprobe.dir_name}/lib/modules/{resolved.kernel}",
-            "staging",
-        )
+        _extractor("image-extractor", resolved.container_image, pull, source, f"{copy}/modules")
     ]
     if modprobe.firmware_path:
-        mounts.append({"name": "firmware", "mountPath": FIRMWARE_STAGING, "readOnly": True})
+        mounts.append({**_staging_mount(FIRMWARE_STAGING, f"{copy}/firmware"), "readOnly": True})
         extract.append(
             _extractor(
-                "firmware-extractor",
+                FIRMWARE_EXTRACTOR,
                 resolved.container_image,
-                container.image_pull_policy or "",
+                pull,
                 modprobe.firmware_path,
-                "firmware",
+                f"{copy}/firmware",
             )
         )
-    volumes: list[dict[str, Any]] = [
-        {"name": "staging", "emptyDir": {}},
-        *([{"name": "firmware", "emptyDir": {}}] if firmware else []),
-        *_agent_volumes(_host_paths(settings, firmware, privileged)),
-    ]
+    volumes = _agent_volumes(_host_paths(firmware_host, privileged=privileged))
     agent = list(AGENT_COMMAND)
     security: dict[str, Any] = {"privileged": True} if privileged else dict(MODULE_LOADING)
     spec: dict[str, Any] = {
@@ -426,6 +444,7 @@ def pod_template(
                     "timeoutSeconds": 5,
                     "failureThreshold": 3,
                 },
+                "env": _copy_env(copy),
                 "securityContext": security,
                 "volumeMounts": mounts,
                 "resources": _resources(),
@@ -461,9 +480,7 @@ def pod_template(
                 KERNEL: resolved.kernel,
                 MODULE_VERSION: version,
                 AGENT_CONFIG: config_yaml,
-                # The staging copies are only caches of the image: losing them
-                # must not stop the cluster autoscaler from draining the node.
-                SAFE_TO_EVICT: ",".join(v["name"] for v in volumes if "emptyDir" in v),
+                SAFE_TO_EVICT: "true",
             },
         },
         "spec": spec,
@@ -475,30 +492,41 @@ def unload_pod(
 ) -> dict[str, Any]:
     """The pod that unloads what ``loader`` (or the unloader before it) loaded on its node.
 
-    It runs ``kmodkit-agent unload`` with the loader's own configuration and
-    needs nothing from the module image, so a registry that lost the image
-    cannot keep a driver loaded. It restarts (with the kubelet's back-off)
+    It runs ``kmodkit-agent unload`` with the loader's own configuration. It
+    copies from the module image only what the unload reads: the modules when it
+    runs ``modprobe -r`` (which reads their modules.dep), the firmware (its files
+    are removed from the host); otherwise a registry that lost the image cannot
+    keep a driver loaded. It restarts (with the kubelet's back-off)
     until the unload succeeds; each failed try leaves its reason (who holds
     the device) as the container's termination message. It tolerates every
     taint: it goes where a driver is loaded, whatever the node's state.
     """
     ns, name = module.metadata.namespace or "", module.metadata.name or ""
-    host = [
-        ("host-modules", "/lib/modules", True),
-        ("host-sys", "/sys", True),
-        ("host-proc", "/proc", True),
-        ("host-run", "/run/kmodkit", False),
-    ]
+    config = _loaded_config(loader)
+    modprobe = config.get("modprobe") or {}
+    firmware_host = str(
+        config.get("firmwareHostPath") or AgentConfig.model_fields["firmware_host_path"].default
+    )
+    firmware = bool(loader.image and loader.firmware_source and modprobe.get("firmwarePath"))
+    host = _host_paths(firmware_host if firmware else None, privileged=False)
     mounts = _agent_mounts(host)
     volumes = _agent_volumes(host)
     init = []
-    staged = _unload_staging(loader)
-    if staged is not None:
+    copy = _copy(ns, name)
+    if loader.image and (modprobe.get("rawArgs") or (modprobe.get("args") or {}).get("unload")):
         # modprobe -r (rawArgs.unload, args.unload) reads the image's modules.dep.
-        mounts.append({"name": "staging", "mountPath": f"{staged}/lib/modules/{loader.kernel}"})
-        volumes.append({"name": "staging", "emptyDir": {}})
+        staged = str(modprobe.get("dirName"))
+        mounts.append(_staging_mount(f"{staged}/lib/modules/{loader.kernel}", f"{copy}/modules"))
         source = f"{staged.removeprefix(STAGING)}/lib/modules/{loader.kernel}"
-        init.append(_extractor("image-extractor", loader.image, "", source, "staging"))
+        init.append(_extractor("image-extractor", loader.image, "", source, f"{copy}/modules"))
+    if firmware:
+        # The agent removes from the host exactly the files the image ships.
+        mounts.append({**_staging_mount(FIRMWARE_STAGING, f"{copy}/firmware"), "readOnly": True})
+        init.append(
+            _extractor(
+                FIRMWARE_EXTRACTOR, loader.image, "", loader.firmware_source, f"{copy}/firmware"
+            )
+        )
     spec: dict[str, Any] = {
         "nodeName": loader.node,
         "restartPolicy": "OnFailure",
@@ -515,6 +543,8 @@ def unload_pod(
                 "name": "agent",
                 "image": settings.agent_image,
                 "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
+                # On success it removes the module's copies of the image from the host.
+                "env": _copy_env(copy),
                 "securityContext": dict(MODULE_LOADING),
                 "volumeMounts": mounts,
                 "resources": _resources(),
@@ -539,36 +569,57 @@ def unload_pod(
                 MODULE_LABEL: name,
                 labels.MODULE_NAME_LABEL: name,
             },
-            "annotations": {KERNEL: loader.kernel, AGENT_CONFIG: loader.agent_config},
+            "annotations": {
+                KERNEL: loader.kernel,
+                AGENT_CONFIG: loader.agent_config,
+                SAFE_TO_EVICT: "true",
+            },
         },
         "spec": spec,
     }
 
 
-def _unload_staging(loader: LoaderPod) -> str | None:
-    """The staging directory an unload needs the image in (its modprobe -r reads the
-    image's modules.dep), or None when the agent removes modules by name alone."""
+def _loaded_config(loader: LoaderPod) -> dict[str, Any]:
+    """The agent configuration ``loader`` ran with, as its annotation records it."""
     try:
-        config = yaml.safe_load(loader.agent_config) or {}
+        config = yaml.safe_load(loader.agent_config)
     except yaml.YAMLError:
-        return None
-    modprobe = config.get("modprobe") or {}
-    needs = modprobe.get("rawArgs") or (modprobe.get("args") or {}).get("unload")
-    return str(modprobe.get("dirName")) if needs and loader.image else None
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
-def _extractor(name: str, image: str, pull_policy: str, source: str, volume: str) -> dict[str, Any]:
-    """An init container copying ``source`` out of the module image: argv only, no shell,
-    so no path or kernel string is ever interpreted; copying ``source/.`` into the
-    volume's root is the same on every restart."""
+def _extractor(name: str, image: str, pull_policy: str, source: str, target: str) -> dict[str, Any]:
+    """An init container copying ``source`` out of the module image into ``target`` (in
+    the host's staging directory): argv only, no shell, so no path or kernel string is
+    ever interpreted; copying ``source/.`` into it is the same on every restart."""
     return {
         "name": name,
         "image": image,
         "imagePullPolicy": pull_policy or "IfNotPresent",
         "command": ["cp", "-R", f"{source}/.", "/staging/"],
-        "volumeMounts": [{"name": volume, "mountPath": "/staging"}],
+        "env": [_POD_UID],
+        "securityContext": dict(EXTRACTING),
+        "volumeMounts": [_staging_mount("/staging", target)],
         "resources": _resources(),
     }
+
+
+_POD_UID = {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+
+
+def _copy(ns: str, name: str) -> str:
+    """This pod's copy of the image, under the host's staging directory (one per pod:
+    a successor's copy never overwrites what its predecessor still serves from)."""
+    return f"{ns}.{name}/$({POD_UID_ENV})"
+
+
+def _staging_mount(mount_path: str, sub_path: str) -> dict[str, Any]:
+    return {"name": "staging", "mountPath": mount_path, "subPathExpr": sub_path}
+
+
+def _copy_env(copy: str) -> list[dict[str, Any]]:
+    """Where the agent finds its pod's copy on the host (kmodkit.agent.staging)."""
+    return [_POD_UID, {"name": STAGING_ENV, "value": f"{STAGING_ROOT}/{copy}"}]
 
 
 AGENT_COMMAND = (
@@ -602,18 +653,20 @@ def _agent_volumes(host: list[tuple[str, str, bool]]) -> list[dict[str, Any]]:
     ]
 
 
-def _host_paths(
-    settings: LoaderSettings, firmware: bool, privileged: bool
-) -> list[tuple[str, str, bool]]:
-    """(volume, host path, read-only) the agent needs; /usr/src and DKMS are not read."""
+def _host_paths(firmware_host: str | None, *, privileged: bool) -> list[tuple[str, str, bool]]:
+    """(volume, host path, read-only) the agent needs, with the firmware directory when
+    ``firmware_host`` says which; /usr/src and DKMS are not read."""
     paths = [
         ("host-modules", "/lib/modules", True),
         ("host-sys", "/sys", not privileged),
         ("host-proc", "/proc", True),
         ("host-run", "/run/kmodkit", False),
+        # The copies of module images (kmodkit.agent.staging); init containers and the
+        # agent's own copies mount parts of it.
+        ("staging", STAGING_ROOT, False),
     ]
-    if firmware:
-        paths.append(("host-firmware", settings.firmware_host_path, False))
+    if firmware_host is not None:
+        paths.append(("host-firmware", firmware_host, False))
     return paths
 
 

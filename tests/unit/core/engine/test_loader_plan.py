@@ -605,14 +605,46 @@ def test_a_loader_pod_is_node_critical_probes_patiently_and_runs_no_shell() -> N
     assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (5, 3)
     assert agent["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
     assert [c["command"][0] for c in spec["initContainers"]] == ["cp", "cp"]
-    # The staging copies are caches: the autoscaler may drain the node.
-    volumes = pod["metadata"]["annotations"][
-        "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+    # No emptyDir (kubectl drain would refuse the pod): the copies of the image go to
+    # the host, one directory per pod, named by its UID.
+    assert not [v for v in spec["volumes"] if "emptyDir" in v]
+    (staging,) = [v for v in spec["volumes"] if v["name"] == "staging"]
+    assert staging["hostPath"] == {"path": "/var/lib/kmodkit/staging", "type": "DirectoryOrCreate"}
+    copy = f"{m.metadata.namespace}.xe/$(KMODKIT_POD_UID)"
+    uid = {"name": "KMODKIT_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+    for extractor, part in zip(spec["initContainers"], ("modules", "firmware"), strict=True):
+        assert extractor["env"] == [uid]
+        assert extractor["volumeMounts"] == [
+            {"name": "staging", "mountPath": "/staging", "subPathExpr": f"{copy}/{part}"}
+        ]
+        assert extractor["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    mounts = sorted(
+        (v for v in agent["volumeMounts"] if v["name"] == "staging"), key=lambda v: v["mountPath"]
+    )
+    assert mounts == [
+        # Where it claims its copy and removes the copies of pods long gone.
+        {"name": "staging", "mountPath": "/host/var/lib/kmodkit/staging", "readOnly": False},
+        {
+            "name": "staging",
+            "mountPath": "/kmod/firmware",
+            "subPathExpr": f"{copy}/firmware",
+            "readOnly": True,
+        },
+        # The agent may write modules.dep next to the copied modules.
+        {
+            "name": "staging",
+            "mountPath": f"/kmod/opt/lib/modules/{K1}",
+            "subPathExpr": f"{copy}/modules",
+        },
     ]
-    assert set(volumes.split(",")) == {"staging", "firmware"}
-    # The agent may write modules.dep next to the copied modules.
-    staging = next(v for v in agent["volumeMounts"] if v["name"] == "staging")
-    assert not staging.get("readOnly") and staging["mountPath"].endswith(f"/lib/modules/{K1}")
+    assert agent["env"] == [
+        uid,
+        {"name": "KMODKIT_STAGING_DIR", "value": f"/var/lib/kmodkit/staging/{copy}"},
+    ]
+    # The pod holds no data: the cluster autoscaler may remove the node.
+    assert (
+        pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    )
 
 
 def test_an_unloader_takes_the_image_only_when_its_unload_runs_modprobe() -> None:
@@ -626,8 +658,36 @@ def test_an_unloader_takes_the_image_only_when_its_unload_runs_modprobe() -> Non
     (extractor,) = spec["initContainers"]
     assert extractor["image"] == f"r.io/xe:{K1}"
     assert extractor["command"] == ["cp", "-R", f"/opt/lib/modules/{K1}/.", "/staging/"]
-    staging = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "staging")
-    assert staging["mountPath"] == f"/kmod/opt/lib/modules/{K1}"
+    staging = [m for m in spec["containers"][0]["volumeMounts"] if "subPathExpr" in m]
+    assert staging == [
+        {
+            "name": "staging",
+            "mountPath": f"/kmod/opt/lib/modules/{K1}",
+            "subPathExpr": "drivers.xe/$(KMODKIT_POD_UID)/modules",
+        }
+    ]
+
+
+def test_an_unloader_copies_the_firmware_it_removes_from_the_host() -> None:
+    gone = node("a", **{"gpu": "amd"})
+    m = module(modprobe={"moduleName": "xe", "firmwarePath": "/firmware"})
+    p = plan(m, [gone], [running(m, node("a"))], {}, SETTINGS, {"a": []})
+    spec = _unloader_of(p)["spec"]
+    (extractor,) = spec["initContainers"]
+    assert extractor["name"] == "firmware-extractor"
+    assert extractor["command"] == ["cp", "-R", "/firmware/.", "/staging/"]
+    (agent,) = spec["containers"]
+    firmware = next(m for m in agent["volumeMounts"] if m.get("mountPath") == "/kmod/firmware")
+    assert firmware["subPathExpr"] == "drivers.xe/$(KMODKIT_POD_UID)/firmware"
+    host = next(m for m in agent["volumeMounts"] if m["name"] == "host-firmware")
+    # Where the loader put it (the default host path, the loader's configuration says).
+    assert host == {
+        "name": "host-firmware",
+        "mountPath": "/host/var/lib/firmware",
+        "readOnly": False,
+    }
+    # Removing files needs no sysfs write: never privileged.
+    assert agent["securityContext"].get("privileged") is not True
 
 
 def test_a_retired_node_whose_pod_is_already_leaving_still_gets_an_unloader() -> None:
