@@ -8,6 +8,8 @@ cache that is still filling, not the API's behaviour.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -146,3 +148,33 @@ def test_nothing_is_planned_or_unloaded_before_the_node_cache_is_synced() -> Non
     with pytest.raises(kopf.TemporaryError, match="node cache"):
         controller.finalize(BODY, [_pod("a"), _pod("b")])
     assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])
+
+
+def test_finalize_works_on_one_snapshot_while_the_watch_changes_the_cache() -> None:
+    # The node watch writes the cache from its own thread while a Module is deleted;
+    # a pass iterating the live cache would fail ("dictionary changed size").
+    kube = RecordingKube()
+    controller = _controller(kube, seen=[f"n{i}" for i in range(300)])
+    _labels_gone(controller)
+    pods = [_pod(f"n{i}") for i in range(300)]
+    stop = threading.Event()
+
+    def watch() -> None:
+        i = 0
+        while not stop.is_set():
+            controller.nodes[f"joined-{i}"] = NodeView(f"joined-{i}", {}, KERNEL)
+            controller.nodes.pop(f"joined-{i - 1}", None)
+            i += 1
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so the watch writes mid-pass
+    watcher.start()
+    try:
+        for _ in range(30):
+            with pytest.raises(kopf.TemporaryError, match="waiting for 300 nodes"):
+                controller.finalize(BODY, pods)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        sys.setswitchinterval(interval)
