@@ -48,8 +48,11 @@ from kmodkit.core.api.module import NAME_RE as MODULE_NAME_RE
 from kmodkit.core.api.status import DEGRADED, PROGRESSING, READY, Condition
 from kmodkit.core.contract.backend import (
     CONTRACT_VERSION,
+    ApplyFailedFn,
+    ApplyFailure,
     Backend,
     ClusterView,
+    DeletionGuardFn,
     HooksFn,
     OwnedKind,
     Plan,
@@ -70,6 +73,7 @@ from kmodkit.core.engine.re2 import RegexpError, check_re2, compile_re2
 from kmodkit.core.engine.templating import TemplateError, check_template, substitute
 from kmodkit.core.kernel import TEMPLATE_VARIABLES, template_values
 from kmodkit.core.labels import FIELD_MANAGER, LabelKeyError
+from kmodkit.core.labels import MODULE_VERSION as MODULE_VERSION_LABEL
 from kmodkit.core.labels import READY as MODULE_READY_LABEL
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.owners import controller_reference
@@ -83,7 +87,10 @@ from kmodkit.core.selectors import selector_error
 __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     # The backend contract.
     "CONTRACT_VERSION",
+    "ApplyFailedFn",
+    "ApplyFailure",
     "Backend",
+    "DeletionGuardFn",
     "ClusterView",
     "HooksFn",
     "Obj",
@@ -166,5 +173,6 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     "FIELD_MANAGER",
     "LabelKeyError",
     "MODULE_READY_LABEL",
+    "MODULE_VERSION_LABEL",
     "NodeView",
 ]

@@ -10,6 +10,7 @@ KMM's schema; the one check that does is tests/integration/test_kmm_schema.py.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -303,8 +304,10 @@ def test_an_allocated_gpu_claim_holds_the_module_until_released(
             lambda: (e := _status(kube_api, name).get("errors")) and "blocking" in e[0] and e,
             "the claim guard's message",
         )
-        assert f"modules.{GROUP}/{module_name} deletion" in blocked[0]
-        assert f"{operator_namespace}/{claim}" in blocked[0]
+        assert blocked == [
+            f"allocated GPU ResourceClaims blocking modules.{GROUP}/{module_name} deletion"
+        ]
+        assert _status(kube_api, name)["blockingClaims"] == [f"{operator_namespace}/{claim}"]
         assert module_name in _modules(kube_api, operator_namespace)
         # Without kernelModule there is no readiness gate: the device plugin runs
         # on both nodes while the Module is still held.
@@ -365,7 +368,9 @@ def _release(kube_api: Any, namespace: str, claim: str) -> None:
     )
 
 
-def _allocated_claim(kube_api: Any, namespace: str, device_class: str) -> str:
+def _allocated_claim(
+    kube_api: Any, namespace: str, device_class: str, name: str = "inference"
+) -> str:
     """A claim with a device allocated from Intel's driver, written as the scheduler would."""
     objects = client.CustomObjectsApi(kube_api)
     objects.create_cluster_custom_object(
@@ -374,7 +379,6 @@ def _allocated_claim(kube_api: Any, namespace: str, device_class: str) -> str:
         "deviceclasses",
         {"metadata": {"name": device_class}, "spec": {}},
     )
-    name = "inference"
     objects.create_namespaced_custom_object(
         "resource.k8s.io",
         "v1",
@@ -413,3 +417,161 @@ def _allocated_claim(kube_api: Any, namespace: str, device_class: str) -> str:
         },
     )
     return name
+
+
+def _policy_exists(kube_api: Any, name: str) -> bool:
+    try:
+        client.CustomObjectsApi(kube_api).get_cluster_custom_object(
+            CP_GROUP, CP_VERSION, CP_PLURAL, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_deleting_the_policy_waits_while_a_gpu_claim_is_allocated(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    """The policy keeps its finalizer while a GPU claim is allocated, so garbage
+    collection cannot take the driver's Module; releasing the claim lets both go."""
+    tag, _ = gpu_nodes
+    name = f"del{tag}"
+    module_name = f"{name}-gpu"
+    device_class = f"intel-del-{tag}"
+    _create(kube_api, _policy(name, tag, oci_registry))
+    claim = None
+    try:
+        wait_until(lambda: module_name in _modules(kube_api, operator_namespace), "the Module")
+        wait_until(
+            lambda: (
+                "kmodkit.io/module-finalizer"
+                in (
+                    client.CustomObjectsApi(kube_api)
+                    .get_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, name)["metadata"]
+                    .get("finalizers")
+                    or []
+                )
+            ),
+            "the policy's finalizer",
+        )
+        claim = _allocated_claim(kube_api, operator_namespace, device_class, name="training")
+        _delete_policy(kube_api, name)
+        held = wait_until(
+            lambda: (s := _status(kube_api, name)).get("blockingClaims") and s,
+            "the deletion to be held and said so",
+        )
+        assert held["errors"] == [
+            f"allocated GPU ResourceClaims blocking modules.{GROUP}/{module_name} deletion"
+        ]
+        assert held["blockingClaims"] == [f"{operator_namespace}/{claim}"]
+        time.sleep(3)  # a few guard passes later, still held
+        assert _policy_exists(kube_api, name)
+        assert module_name in _modules(kube_api, operator_namespace)
+
+        _release(kube_api, operator_namespace, claim)
+        wait_until(lambda: not _policy_exists(kube_api, name), "the policy to go", timeout=60)
+        wait_until(
+            lambda: module_name not in _modules(kube_api, operator_namespace),
+            "garbage collection of the Module",
+            timeout=90,
+        )
+    finally:
+        if claim is not None:
+            _delete(kube_api, "resourceclaims", claim, operator_namespace)
+        _delete(kube_api, "deviceclasses", device_class)
+        _delete_policy(kube_api, name)
+
+
+def test_a_module_the_api_server_refuses_is_an_error_in_the_policy_status(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    """An admission policy refuses the policy's Module: the ClusterPolicy says so in
+    status.errors with the API server's message, and is not Ready."""
+    tag, _ = gpu_nodes
+    name = f"ref{tag}"
+    vap = f"refuse-{tag}"
+    message = "refused by the test's admission policy"
+    admission = client.AdmissionregistrationV1Api(kube_api)
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": vap},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [GROUP],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["modules"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {"expression": f"object.metadata.name != '{name}-gpu'", "message": message}
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {"metadata": {"name": vap}, "spec": {"policyName": vap, "validationActions": ["Deny"]}}
+    )
+    try:
+        wait_until(
+            lambda: _refused(kube_api, operator_namespace, f"{name}-gpu"),
+            "the admission policy to take effect",
+            timeout=30,
+        )
+        _create(kube_api, _policy(name, tag, oci_registry))
+        status = wait_until(
+            lambda: (s := _status(kube_api, name)) and _reconcile_errors(s) and s,
+            "the refusal in status.errors",
+        )
+        (error,) = _reconcile_errors(status)
+        assert error.startswith(f"failed to reconcile Module {name}-gpu for ClusterPolicy {name}: ")
+        assert message in error
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "False"
+    finally:
+        _delete_policy(kube_api, name)
+        admission.delete_validating_admission_policy_binding(vap)
+        admission.delete_validating_admission_policy(vap)
+
+
+def _reconcile_errors(status: dict[str, Any]) -> list[str]:
+    return [e for e in status.get("errors") or [] if e.startswith("failed to reconcile")]
+
+
+def _refused(kube_api: Any, namespace: str, module: str) -> bool:
+    """Whether a (dry-run) Module of that name is refused now."""
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Module",
+        "metadata": {"name": module, "namespace": namespace},
+        "spec": {
+            "selector": {"nothing": "here"},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "xe"},
+                    "kernelMappings": [{"regexp": ".*", "containerImage": "r.io/xe:1"}],
+                }
+            },
+        },
+    }
+    try:
+        client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, MODULES, body, dry_run="All"
+        )
+    except ApiException as err:
+        return err.status == 422 or err.status == 403
+    return False

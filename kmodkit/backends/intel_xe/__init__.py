@@ -9,7 +9,8 @@ or kmodkit's built-in engine.
 from kmodkit.backends.intel_xe import api
 from kmodkit.backends.intel_xe.claims import CLAIMS
 from kmodkit.backends.intel_xe.crd import CRD, admission_documents
-from kmodkit.backends.intel_xe.plan import plan
+from kmodkit.backends.intel_xe.deletion import hold_deletion
+from kmodkit.backends.intel_xe.plan import plan, with_apply_failures
 from kmodkit.backends.intel_xe.rules import validate_cluster_policy
 from kmodkit.backends.intel_xe.xpu_manager import ADMIN_NAMESPACES
 from kmodkit.sdk import (
@@ -61,6 +62,8 @@ CLUSTER_POLICY = Resource(
     watches=(CLAIMS, ADMIN_NAMESPACES),
     extra_documents=admission_documents,
     validate=validate_cluster_policy,
+    apply_failed=with_apply_failures,
+    hold_deletion=hold_deletion,
 )
 
 backend = Backend(

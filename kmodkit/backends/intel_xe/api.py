@@ -425,6 +425,8 @@ class ClusterPolicyStatus(KubeModel):
     """Which engine serves the driver Module: KMM, Builtin, or empty without kernelModule."""
     errors: list[Text] | None = Field(default=None, max_length=10)
     """What keeps the policy from being fully applied, newest last."""
+    blocking_claims: list[Text] | None = Field(default=None, max_length=10)
+    """<namespace>/<name> of the allocated GPU ResourceClaims holding a deletion back (first 10)."""
     conditions: list[Condition] | None = Field(
         default=None,
         max_length=16,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kmodkit.backends.intel_xe.engine import API_VERSIONS
-from kmodkit.sdk import Obj
+from kmodkit.sdk import MODULE_VERSION_LABEL, LabelKeyError, Obj
 
 RECHECK_SECONDS = 5.0
 """Safety-net re-run while a Module is going away (its deletion event normally wakes us)."""
@@ -82,11 +82,31 @@ def _applied(desired: dict[str, Any], live: Obj | None) -> ModuleOutcome:
         errors.append(
             f"module loader not fully available ({available}/{wanted}) for {reference(desired)}"
         )
+    elif wanted == 0 and (version := _version(desired)) and _matching(live) > 0:
+        errors.append(_awaiting_labels(desired, version))
     return ModuleOutcome(
         [desired],
         f"{available}/{wanted}",
         errors,
         serving=_ENGINE_NAMES[desired["apiVersion"]],
+    )
+
+
+def _matching(module: Obj | None) -> int:
+    loader = ((module or {}).get("status") or {}).get("moduleLoader") or {}
+    return int(loader.get("nodesMatchingSelectorNumber") or 0)
+
+
+def _awaiting_labels(module: Mapping[str, Any], version: str) -> str:
+    """What an admin does next in an ordered upgrade that no node has joined yet."""
+    meta = module.get("metadata") or {}
+    try:
+        key = MODULE_VERSION_LABEL.key(meta.get("namespace", ""), meta.get("name", ""))
+    except LabelKeyError as err:
+        return str(err)
+    return (
+        f"no node is labelled for version {version} of {reference(module)} yet; "
+        f"label the nodes to move to it: kubectl label node <node> {key}={version}"
     )
 
 
@@ -124,7 +144,7 @@ def decide(
         if not live:
             return ModuleOutcome()
         if claims and alive:
-            return _hold(alive, [_blocked(claims, m, "deletion") for m in alive])
+            return _hold(alive, [_blocked(m, "deletion") for m in alive])
         return ModuleOutcome([], "Removing", _pending(live), RECHECK_SECONDS)
 
     same = next((m for m in live if m.get("apiVersion") == desired["apiVersion"]), None)
@@ -137,13 +157,13 @@ def decide(
     if claims and alive:
         engine = _ENGINE_NAMES[desired["apiVersion"]]
         why = "recreation for version change" if toggled else f"deletion for the switch to {engine}"
-        return _hold(alive, [_blocked(claims, m, why) for m in alive])
+        return _hold(alive, [_blocked(m, why) for m in alive])
     return ModuleOutcome([], "Recreating", _pending(live), RECHECK_SECONDS)
 
 
-def _blocked(claims: Sequence[str], module: Obj, what: str) -> str:
-    shown = ", ".join(claims[:3]) + (f" and {len(claims) - 3} more" if len(claims) > 3 else "")
-    return (
-        f"allocated GPU ResourceClaims blocking {reference(module)} {what} ({shown}); "
-        "it proceeds once the workloads holding them are gone"
-    )
+BLOCKING = "allocated GPU ResourceClaims blocking"
+
+
+def _blocked(module: Obj, what: str) -> str:
+    """The documented message, word for word; the claims are in status.blockingClaims."""
+    return f"{BLOCKING} {reference(module)} {what}"

@@ -8,7 +8,7 @@ them: device plugin, XPU Manager, DRA, NFD, kernel module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,13 +25,27 @@ from kmodkit.backends.intel_xe.api import ClusterPolicySpec
 from kmodkit.backends.intel_xe.claims import CLAIMS, allocated_gpu_claims
 from kmodkit.backends.intel_xe.engine import choose_engine
 from kmodkit.backends.intel_xe.module import module_manifest, module_name
-from kmodkit.backends.intel_xe.module_lifecycle import ModuleOutcome, decide, held
+from kmodkit.backends.intel_xe.module_lifecycle import BLOCKING, ModuleOutcome, decide, held
 from kmodkit.backends.intel_xe.operand import Operands
 from kmodkit.backends.intel_xe.rules import kernel_module_problems, name_problems
-from kmodkit.backends.intel_xe.selectors import operand_selector
+from kmodkit.backends.intel_xe.selectors import arch_conflict, operand_selector
 from kmodkit.backends.intel_xe.settings import dra_served
-from kmodkit.backends.intel_xe.status import bounded, conditions, daemon_set_status
-from kmodkit.sdk import MODULE_READY_LABEL, ClusterView, LabelKeyError, Obj, Plan, schema_problems
+from kmodkit.backends.intel_xe.status import (
+    MAX_BLOCKING_CLAIMS,
+    bounded,
+    conditions,
+    daemon_set_status,
+)
+from kmodkit.sdk import (
+    KMM_API_VERSION,
+    MODULE_READY_LABEL,
+    ApplyFailure,
+    ClusterView,
+    LabelKeyError,
+    Obj,
+    Plan,
+    schema_problems,
+)
 
 DRA_DISABLED = "DRA is not enabled in the cluster, but ClusterPolicy requests it."
 NFD_MISSING = (
@@ -68,7 +82,7 @@ def _plan(
     dra_wanted = spec.resource_registration == "dra"
     dra_planned = dra_wanted and dra_served(settings, view.api_groups)
     objects: list[dict[str, Any]] = []
-    errors: list[str] = []
+    errors: list[str] = [conflict] if (conflict := arch_conflict(spec)) else []
     if spec.resource_registration == "dp":
         objects += device_plugin.manifests(ops)
     admin_namespaces = {
@@ -92,10 +106,7 @@ def _plan(
         kept = _dra_objects(name, view.owned) if claims else []
         if kept:
             objects += [held(o) for o in kept]
-            errors.append(
-                f"allocated GPU ResourceClaims blocking removal of the DRA driver "
-                f"({', '.join(claims[:3])}); it proceeds once the workloads holding them are gone"
-            )
+            errors.append(f"{BLOCKING} removal of the DRA driver")
     if spec.use_nfd_labeling:
         if nfd_rule.NFD_GROUP in view.api_groups:
             objects += nfd_rule.manifests(name)
@@ -111,25 +122,58 @@ def _plan(
     errors += module.errors
 
     columns = {
-        "devicePluginStatus": daemon_set_status(
+        COLUMNS[0]: daemon_set_status(
             view.owned, device_plugin.name(name), spec.resource_registration == "dp"
         ),
-        "draStatus": daemon_set_status(
+        COLUMNS[1]: daemon_set_status(
             view.owned, dra_driver.name(name), dra_planned or bool(_dra_objects(name, objects))
         ),
-        "xpuManagerStatus": daemon_set_status(view.owned, xpu_manager.name(name), xpu_planned),
-        "kmmStatus": module.kmm_status,
+        COLUMNS[2]: daemon_set_status(view.owned, xpu_manager.name(name), xpu_planned),
+        COLUMNS[3]: module.kmm_status,
     }
     shown = bounded(errors)
     status: dict[str, Any] = {
         **columns,
         "engine": engine,
         "errors": shown,
+        # Which claims hold a deletion back; the errors say only what is held, word for word.
+        "blockingClaims": claims[:MAX_BLOCKING_CLAIMS] if any(BLOCKING in e for e in shown) else [],
         "conditions": conditions(old, generation, list(columns.values()), shown, datetime.now(UTC)),
     }
     if generation is not None:
         status["observedGeneration"] = generation
     return Plan(objects=objects, status=status, requeue_after=module.requeue_after)
+
+
+COLUMNS = ("devicePluginStatus", "draStatus", "xpuManagerStatus", "kmmStatus")
+
+
+def with_apply_failures(
+    body: Obj, status: Mapping[str, Any], failures: Sequence[ApplyFailure]
+) -> dict[str, Any]:
+    """The plan's status with what the API server refused (Intel's operator's words):
+    a policy whose Module was refused is not Ready, whatever its columns say."""
+    meta = body.get("metadata") or {}
+    policy = meta.get("name", "")
+    refused = [
+        f"failed to reconcile {_described(f)} {f.name} for ClusterPolicy {policy}: {f.message}"
+        for f in failures
+    ]
+    errors = bounded([*(status.get("errors") or []), *refused])
+    columns = [str(status.get(c, "")) for c in COLUMNS]
+    old = body.get("status") or {}
+    now = datetime.now(UTC)
+    return {
+        **status,
+        "errors": errors,
+        "conditions": conditions(old, meta.get("generation"), columns, errors, now),
+    }
+
+
+def _described(failure: ApplyFailure) -> str:
+    if failure.kind == "Module":
+        return "KMM Module" if failure.api_version == KMM_API_VERSION else "Module"
+    return failure.kind
 
 
 def _kernel_module(

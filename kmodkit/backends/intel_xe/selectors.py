@@ -15,9 +15,25 @@ NFD_GPU_LABEL = "intel.feature.node.kubernetes.io/gpu"
 NFD_GPU_PCI_LABEL = "intel.feature.node.kubernetes.io/gpu-pci"
 
 
+ARCH = "amd64"
+
+
 def _base(spec: ClusterPolicySpec) -> dict[str, str]:
-    # The user's labels win, even over the architecture, as in Intel's operator.
-    return {ARCH_LABEL: "amd64", **(spec.node_selector or {})}
+    # The architecture is always required, as the documentation promises (Intel's
+    # operator lets nodeSelector override it; arch_conflict reports such a selector).
+    return {**(spec.node_selector or {}), ARCH_LABEL: ARCH}
+
+
+def arch_conflict(spec: ClusterPolicySpec) -> str | None:
+    """The error for a nodeSelector that names another architecture, if it does."""
+    wanted = (spec.node_selector or {}).get(ARCH_LABEL)
+    if wanted is None or wanted == ARCH:
+        return None
+    return (
+        f"spec.nodeSelector: {ARCH_LABEL}={wanted} conflicts with {ARCH_LABEL}: {ARCH}, which "
+        f"is always required (the Intel GPU components and driver are built for {ARCH}); "
+        f"remove it or set it to {ARCH}"
+    )
 
 
 def module_selector(spec: ClusterPolicySpec) -> dict[str, str]:

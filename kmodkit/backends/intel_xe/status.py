@@ -10,6 +10,7 @@ from kmodkit.sdk import DEGRADED, PROGRESSING, READY, Obj
 
 NOT_APPLICABLE = "N/A"
 MAX_ERRORS = 10
+MAX_BLOCKING_CLAIMS = 10
 
 
 def daemon_set_status(owned: Sequence[Obj], name: str, planned: bool) -> str:

@@ -97,7 +97,24 @@ class Plan:
     rollout: RolloutRequest | None = None
 
 
+@dataclass(frozen=True)
+class ApplyFailure:
+    """A planned object the API server refused to apply, with the server's own message."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    message: str
+
+
 PlanFn = Callable[[Obj, ClusterView], Plan]
+DeletionGuardFn = Callable[[Obj, ClusterView, Any], Mapping[str, Any] | None]
+"""The status to show while an object's deletion must wait (the third argument is a
+kubernetes ApiClient), or None to let it go; the runtime asks again every 10 s."""
+ApplyFailedFn = Callable[[Obj, Mapping[str, Any], Sequence[ApplyFailure]], Mapping[str, Any]]
+"""Fold the writes the API server refused this pass into the plan's status (given the
+object, the plan's status and the refusals); the runtime writes what it returns."""
 HooksFn = Callable[[Obj, ClusterView, Any], RolloutHooks]
 """Build the rollout hooks for an object; the third argument is a kubernetes ApiClient."""
 RolloutStatusFn = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
@@ -121,6 +138,10 @@ class Resource:
     """More manifests installed with the CRD (admission policies, DeviceClasses)."""
     validate: Callable[[Obj], list[Problem]] | None = None
     """Offline checks of a whole object (``kmodkit validate``): the CRD's rules and more."""
+    apply_failed: ApplyFailedFn | None = None
+    """How refused writes show in the status; without it they are only Events and logs."""
+    hold_deletion: DeletionGuardFn | None = None
+    """Keeps a finalizer on every object while it says the deletion must wait."""
 
     @property
     def api_version(self) -> str:

@@ -19,7 +19,7 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
-from kmodkit.core.contract.backend import ClusterView, Plan, Resource
+from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
@@ -33,6 +33,7 @@ log = logging.getLogger("kmodkit.controller")
 
 OWNER_UID_LABEL = f"{labels.KMODKIT_PREFIX}/owner-uid"
 RETRY_FAILED_APPLY = 30.0
+DELETION_RECHECK_SECONDS = 10.0
 """On every object a backend plan produced: the uid of the object that owns it."""
 
 
@@ -154,18 +155,31 @@ class ResourceController:
             finally:
                 metrics.forget(self._id, _policy_name(body))
 
-        if self.resource.hooks is not None:
+        if self.resource.hooks is not None or self.resource.hold_deletion is not None:
 
             @kopf.on.delete(
                 crd.group, crd.version, crd.plural, id=f"{self._id}.finalize", registry=registry
             )
-            def finalize(body: kopf.Body, **kwargs: Any) -> None:
+            def finalize(uid: str, body: kopf.Body, **kwargs: Any) -> None:
                 if not self.shared.nodes_synced:
                     raise kopf.TemporaryError(
                         "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
                     )
-                # A rollout must never leave a node cordoned because its policy went away.
                 watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
+                owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
+                if self.resource.hold_deletion is not None:
+                    held = self.resource.hold_deletion(
+                        dict(body), self._view(watched, owned), self.shared.kube.api
+                    )
+                    if held is not None:
+                        self._write_status(dict(body), dict(held))
+                        why = "; ".join(held.get("errors") or []) or "the backend holds it"
+                        raise kopf.TemporaryError(
+                            f"deletion waits: {why}", delay=DELETION_RECHECK_SECONDS
+                        )
+                if self.resource.hooks is None:
+                    return
+                # A rollout must never leave a node cordoned because its policy went away.
                 plan = self.resource.plan(dict(body), self._view(watched, []))
                 if plan.rollout is not None:
                     abandon(
@@ -198,6 +212,8 @@ class ResourceController:
         failed = self._apply(body, plan)
         self._prune(plan, owned)
         status = dict(plan.status)
+        if failed and self.resource.apply_failed is not None:
+            status = dict(self.resource.apply_failed(body, status, failed))
         if plan.rollout is not None:
             status = self._rollout(body, plan, view, status)
         self._write_status(body, status)
@@ -205,13 +221,13 @@ class ResourceController:
             return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
         return plan.requeue_after
 
-    def _apply(self, owner: Obj, plan: Plan) -> int:
+    def _apply(self, owner: Obj, plan: Plan) -> list[ApplyFailure]:
         """Apply every planned object; one the apiserver refuses does not stop the others.
 
         Refusals are logged and posted as a Warning event on the owner, naming
-        the object and the apiserver's reason; returns how many failed.
+        the object and the apiserver's reason, and returned.
         """
-        failed = 0
+        failed = []
         meta = owner.get("metadata") or {}
         ref = controller_reference(owner)
         for obj in plan.objects:
@@ -232,11 +248,19 @@ class ResourceController:
                     namespace=obj_meta.get("namespace"),
                 )
             except Exception as err:  # the dynamic client raises several unrelated types
-                failed += 1
                 what = (
                     f"{body.get('kind')} {obj_meta.get('namespace') or ''}/{obj_meta.get('name')}"
                 )
                 reason = api_message(err)
+                failed.append(
+                    ApplyFailure(
+                        str(body.get("apiVersion")),
+                        str(body.get("kind")),
+                        str(obj_meta.get("namespace") or ""),
+                        str(obj_meta.get("name")),
+                        reason,
+                    )
+                )
                 log.warning(
                     "applying %s for %s %s failed: %s",
                     what,

@@ -253,6 +253,23 @@ def test_engine_switch_removes_the_old_module_before_creating_the_new() -> None:
     )
 
 
+def test_an_ordered_upgrade_no_node_joined_yet_says_how_to_proceed() -> None:
+    versioned = body(kernelModule=kernel_module(version="v2"))
+    module = live(module_of(plan(versioned, view(KMM))), 0, 0)
+    module["status"]["moduleLoader"]["nodesMatchingSelectorNumber"] = 3
+    p = plan(versioned, view(KMM, owned=[module]))
+    assert p.status["errors"] == [
+        "no node is labelled for version v2 of modules.kmm.sigs.x-k8s.io/gpu-policy-gpu yet; "
+        "label the nodes to move to it: kubectl label node <node> "
+        f"kmm.node.kubernetes.io/version-module.{NS}.gpu-policy-gpu=v2"
+    ]
+    ready = next(c for c in p.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    # No version, or no node selected at all: nothing to say.
+    module["status"]["moduleLoader"]["nodesMatchingSelectorNumber"] = 0
+    assert plan(versioned, view(KMM, owned=[module])).status["errors"] == []
+
+
 def test_allocated_gpu_claims_hold_the_module() -> None:
     module = live(module_of(plan(body(kernelModule=kernel_module()), view(KMM))), 2, 2)
     other_driver = {
@@ -263,11 +280,11 @@ def test_allocated_gpu_claims_hold_the_module() -> None:
     (kept,) = objects(removal, "Module")
     assert kept["spec"] == module["spec"] and "status" not in kept
     assert removal.status["kmmStatus"] == "2/2"
-    (error,) = removal.status["errors"]
-    assert error.startswith(
+    # The documented message word for word; which claims, in a field of their own.
+    assert removal.status["errors"] == [
         "allocated GPU ResourceClaims blocking modules.kmm.sigs.x-k8s.io/gpu-policy-gpu deletion"
-    )
-    assert "apps/inference" in error
+    ]
+    assert removal.status["blockingClaims"] == ["apps/inference"]
     toggle = plan(
         body(kernelModule=kernel_module(version="v2")), view(KMM, owned=[module], claims=[CLAIM])
     )
@@ -280,6 +297,27 @@ def test_allocated_gpu_claims_hold_the_module() -> None:
     released = plan(body(), view(KMM, owned=[module], claims=[other_driver]))
     assert objects(released, "Module") == []
     assert released.status["kmmStatus"] == "Removing"
+    assert released.status["blockingClaims"] == []
+
+
+def test_amd64_is_always_required_and_another_arch_is_reported() -> None:
+    p = plan(
+        body(
+            kernelModule=kernel_module(),
+            nodeSelector={"kubernetes.io/arch": "arm64", "pool": "gpu"},
+        ),
+        view(KMM),
+    )
+    assert module_of(p)["spec"]["selector"] == {"kubernetes.io/arch": "amd64", "pool": "gpu"}
+    dp = next(o for o in p.objects if o["kind"] == "DaemonSet")
+    assert dp["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/arch"] == "amd64"
+    assert p.status["errors"][0] == (
+        "spec.nodeSelector: kubernetes.io/arch=arm64 conflicts with kubernetes.io/arch: amd64, "
+        "which is always required (the Intel GPU components and driver are built for amd64); "
+        "remove it or set it to amd64"
+    )
+    same = plan(body(nodeSelector={"kubernetes.io/arch": "amd64"}), view(KMM))
+    assert same.status["errors"] == []
 
 
 def test_invalid_kernel_module_keeps_the_running_module() -> None:
