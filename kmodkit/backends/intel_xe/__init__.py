@@ -10,6 +10,7 @@ from kmodkit.backends.intel_xe import api
 from kmodkit.backends.intel_xe.claims import CLAIMS
 from kmodkit.backends.intel_xe.crd import CRD, admission_documents
 from kmodkit.backends.intel_xe.deletion import hold_deletion
+from kmodkit.backends.intel_xe.openshift import SCC_API_VERSION
 from kmodkit.backends.intel_xe.plan import plan, with_apply_failures
 from kmodkit.backends.intel_xe.rules import validate_cluster_policy
 from kmodkit.backends.intel_xe.xpu_manager import ADMIN_NAMESPACES
@@ -52,6 +53,12 @@ OWNS = (
     ),
     OwnedKind("nfd.k8s-sigs.io/v1alpha1", "NodeFeatureRule", "nodefeaturerules", namespaced=False),
     OwnedKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+    OwnedKind(
+        SCC_API_VERSION,
+        "SecurityContextConstraints",
+        "securitycontextconstraints",
+        namespaced=False,
+    ),
 )
 
 CLUSTER_POLICY = Resource(

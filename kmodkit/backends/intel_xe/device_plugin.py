@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kmodkit.backends.intel_xe import settings as keys
+from kmodkit.backends.intel_xe.openshift import scc_objects, service_account
 from kmodkit.backends.intel_xe.operand import Operands, field_env, host_path
 
 APP = "intel-gpu-plugin"
@@ -77,5 +78,19 @@ def manifests(ops: Operands) -> list[dict[str, Any]]:
         },
         "volumeMounts": mounts,
     }
-    pod = {"automountServiceAccountToken": False, "containers": [container], "volumes": volumes}
-    return [ops.daemon_set(name(ops.policy), APP, pod)]
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if not ops.openshift:
+        return [ops.daemon_set(name(ops.policy), APP, pod)]
+    account = f"{ops.policy}-gpu-dp-sa"
+    pod["serviceAccountName"] = account
+    return [
+        service_account(account, ops.namespace),
+        *scc_objects(
+            f"{ops.policy}-gpu-dp-scc", account, ops.namespace, volumes=["hostPath", "emptyDir"]
+        ),
+        ops.daemon_set(name(ops.policy), APP, pod),
+    ]

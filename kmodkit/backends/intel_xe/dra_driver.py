@@ -12,6 +12,7 @@ from typing import Any
 
 from kmodkit.backends.intel_xe import settings as keys
 from kmodkit.backends.intel_xe.claims import DRIVER
+from kmodkit.backends.intel_xe.openshift import scc_objects
 from kmodkit.backends.intel_xe.operand import Operands, field_env, host_path
 
 APP = "intel-gpu-resource-driver-kubelet-plugin"
@@ -207,9 +208,19 @@ def manifests(ops: Operands) -> list[dict[str, Any]]:
             host_path("sysfs", "/sys"),
         ],
     }
+    scc = (
+        scc_objects(scc_name(ops.policy), n, ops.namespace, volumes=["hostPath", "projected"])
+        if ops.openshift
+        else []
+    )
     return [
         *_rbac(ops),
+        *scc,
         *device_classes(bool(dra and dra.manage_binding)),
         *_slice_policy(ops),
         ops.daemon_set(n, APP, pod),
     ]
+
+
+def scc_name(policy: str) -> str:
+    return f"{policy}-gpu-dra-scc"

@@ -18,6 +18,8 @@ class Operands:
     namespace: str
     node_selector: Mapping[str, str]
     settings: Mapping[str, str]
+    openshift: bool = False
+    """The cluster serves OpenShift's SecurityContextConstraints: each component gets its own."""
 
     def log_level(self, component: int | None) -> int:
         """The higher of the policy's floor and the component's own level."""

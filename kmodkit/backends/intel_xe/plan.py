@@ -26,6 +26,7 @@ from kmodkit.backends.intel_xe.claims import CLAIMS, allocated_gpu_claims
 from kmodkit.backends.intel_xe.engine import choose_engine
 from kmodkit.backends.intel_xe.module import module_manifest, module_name
 from kmodkit.backends.intel_xe.module_lifecycle import BLOCKING, ModuleOutcome, decide, held
+from kmodkit.backends.intel_xe.openshift import SCC_GROUP
 from kmodkit.backends.intel_xe.operand import Operands
 from kmodkit.backends.intel_xe.rules import kernel_module_problems, name_problems
 from kmodkit.backends.intel_xe.selectors import arch_conflict, operand_selector
@@ -78,7 +79,14 @@ def _plan(
     claims = allocated_gpu_claims(view.watched.get(CLAIMS.name, ()))
     module, engine, ready_label = _kernel_module(name, spec, view, claims)
 
-    ops = Operands(name, spec, namespace, operand_selector(spec, ready_label), settings)
+    ops = Operands(
+        name,
+        spec,
+        namespace,
+        operand_selector(spec, ready_label),
+        settings,
+        openshift=SCC_GROUP in view.api_groups,
+    )
     dra_wanted = spec.resource_registration == "dra"
     dra_planned = dra_wanted and dra_served(settings, view.api_groups)
     objects: list[dict[str, Any]] = []
@@ -218,7 +226,12 @@ def _kernel_module(
 
 def _dra_objects(policy: str, objects: Sequence[Obj]) -> list[Obj]:
     """The DRA driver's objects among ``objects``."""
-    names = {dra_driver.name(policy), dra_driver.DEVICE_CLASS, dra_driver.VFIO_DEVICE_CLASS}
+    names = {
+        dra_driver.name(policy),
+        dra_driver.DEVICE_CLASS,
+        dra_driver.VFIO_DEVICE_CLASS,
+        dra_driver.scc_name(policy),
+    }
     kinds = {
         "ServiceAccount",
         "ClusterRole",
@@ -227,6 +240,7 @@ def _dra_objects(policy: str, objects: Sequence[Obj]) -> list[Obj]:
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "DaemonSet",
+        "SecurityContextConstraints",
     }
     return [
         o

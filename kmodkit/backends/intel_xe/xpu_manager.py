@@ -15,6 +15,7 @@ import yaml
 from kmodkit.backends.intel_xe import settings as keys
 from kmodkit.backends.intel_xe.claims import DRIVER
 from kmodkit.backends.intel_xe.dra_driver import DEVICE_CLASS
+from kmodkit.backends.intel_xe.openshift import scc_objects, service_account
 from kmodkit.backends.intel_xe.operand import Operands, host_path
 from kmodkit.sdk import Watch
 
@@ -203,5 +204,20 @@ def manifests(ops: Operands, dra_claims: bool) -> list[dict[str, Any]]:
         resource = f"{DRIVER}/{xpu.monitoring_resource if xpu else 'monitoring'}"
         container["resources"]["requests"][resource] = "1"
         container["resources"]["limits"][resource] = "1"
+    if ops.openshift:
+        account = f"{ops.policy}-xpu-manager-sa"
+        pod["serviceAccountName"] = account
+        # XPU Manager reads every GPU's telemetry: container_t may not.
+        container["securityContext"]["seLinuxOptions"] = {"type": "spc_t"}
+        objects += [
+            service_account(account, ops.namespace),
+            *scc_objects(
+                f"{ops.policy}-xpu-manager-scc",
+                account,
+                ops.namespace,
+                volumes=["hostPath", "configMap"],
+                capabilities=["SYS_ADMIN"],
+            ),
+        ]
     objects.append(ops.daemon_set(name(ops.policy), APP, pod, {HASH_ANNOTATION: config_hash}))
     return objects

@@ -489,3 +489,48 @@ def test_errors_are_deduplicated_and_bounded() -> None:
     assert len(shown) == MAX_ERRORS
     assert shown[-1] == "6 more errors not shown"
     assert bounded(["a", "a", "b"]) == ["a", "b"]
+
+
+OPENSHIFT = frozenset({"security.openshift.io"})
+
+
+def _scc(p: Any, name: str) -> tuple[dict[str, Any], list[str]]:
+    """An SCC of the plan and the users it lets use it."""
+    (scc,) = [o for o in objects(p, "SecurityContextConstraints") if o["metadata"]["name"] == name]
+    return scc, list(scc["users"])
+
+
+def _pod(p: Any, daemon_set: str) -> dict[str, Any]:
+    (ds,) = [o for o in objects(p, "DaemonSet") if o["metadata"]["name"] == daemon_set]
+    return dict(ds["spec"]["template"]["spec"])
+
+
+def test_on_openshift_each_component_gets_its_own_scc_and_account() -> None:
+    p = plan(body(resourceMonitoring=True), view(OPENSHIFT))
+    scc, users = _scc(p, "gpu-policy-gpu-dp-scc")
+    assert users == [f"system:serviceaccount:{NS}:gpu-policy-gpu-dp-sa"]
+    assert (scc["allowPrivilegedContainer"], scc["allowHostDirVolumePlugin"]) == (False, True)
+    assert scc["requiredDropCapabilities"] == ["ALL"] and scc["volumes"] == ["hostPath", "emptyDir"]
+    assert _pod(p, "gpu-policy-device-plugin")["serviceAccountName"] == "gpu-policy-gpu-dp-sa"
+    scc, users = _scc(p, "gpu-policy-xpu-manager-scc")
+    assert users == [f"system:serviceaccount:{NS}:gpu-policy-xpu-manager-sa"]
+    assert scc["allowedCapabilities"] == ["SYS_ADMIN"]
+    xpu = _pod(p, "gpu-policy-xpu-manager")
+    assert xpu["serviceAccountName"] == "gpu-policy-xpu-manager-sa"
+    assert xpu["containers"][0]["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    accounts = {o["metadata"]["name"] for o in objects(p, "ServiceAccount")}
+    assert {"gpu-policy-gpu-dp-sa", "gpu-policy-xpu-manager-sa"} <= accounts
+
+    dra = plan(body(resourceRegistration="dra"), view(OPENSHIFT))
+    scc, users = _scc(dra, "gpu-policy-gpu-dra-scc")
+    assert users == [f"system:serviceaccount:{NS}:gpu-policy-gpu-dra"]
+    assert scc["volumes"] == ["hostPath", "projected"]
+    # Held with the DRA driver while a GPU claim is allocated.
+    owned = [{**o, "status": {}} for o in dra.objects]
+    held = plan(body(), view(OPENSHIFT, owned=owned, claims=[CLAIM]))
+    kept = {o["metadata"]["name"] for o in objects(held, "SecurityContextConstraints")}
+    assert kept == {"gpu-policy-gpu-dp-scc", "gpu-policy-gpu-dra-scc"}
+    # Elsewhere there is no SCC, and the pods keep their accounts.
+    plain = plan(body(resourceMonitoring=True), view())
+    assert objects(plain, "SecurityContextConstraints") == []
+    assert "serviceAccountName" not in _pod(plain, "gpu-policy-device-plugin")
