@@ -31,7 +31,14 @@ from kmodkit.agent.host_lock import host_lock
 from kmodkit.agent.host_mode import HostModeReport, InstallMode, detect_host_mode
 from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
-from kmodkit.agent.kernel_state import KernelView, ModuleObservation, Presence, kernel_name
+from kmodkit.agent.kernel_state import (
+    KernelView,
+    ModuleObservation,
+    Presence,
+    bound_devices,
+    describe_bound,
+    kernel_name,
+)
 from kmodkit.agent.kmod import CommandRunner, Kmod, KmodError, run_subprocess
 from kmodkit.agent.plan import (
     LoadAction,
@@ -489,10 +496,13 @@ class NodeAgent:
             "device_paths": self.config.device_paths,
         }
         if not force:
+            bound = [d for name in refs for d in bound_devices(self.host, name)]
             raise DeviceBusy(
-                f"refusing to unload: {_describe_refs(refs)} held by {_describe(holders)}; "
-                "drain the workloads using the device, or enable forceUnload",
+                f"refusing to unload: {_describe_refs(refs)} held by {_describe(holders)}"
+                f"{describe_bound(bound)}; drain the workloads using the device, or enable "
+                "forceUnload",
                 **details,
+                bound_devices=[":".join(d) for d in bound],
             )
         if not holders:
             raise DeviceBusy(

@@ -116,6 +116,41 @@ class KernelView:
         return ModuleObservation(name=name, presence=Presence.ABSENT)
 
 
+# What a driver's sysfs directory holds besides its bound devices.
+_DRIVER_ATTRIBUTES = frozenset({"bind", "unbind", "new_id", "remove_id", "uevent", "module"})
+
+
+def bound_devices(host: HostRoot, module: str) -> list[tuple[str, str, str]]:
+    """(bus, driver, device) of every device bound to one of ``module``'s drivers.
+
+    A GPU driver with bound devices may refuse to go (Intel documents this for xe);
+    naming them, and how to unbind them, is what the admin needs next."""
+    found = []
+    drivers = host.path(f"/sys/module/{kernel_name(module)}/drivers")
+    for link in sorted(drivers.iterdir()) if drivers.is_dir() else []:
+        bus, _, driver = link.name.partition(":")
+        directory = host.path(f"/sys/bus/{bus}/drivers/{driver}")
+        if not driver or not directory.is_dir():
+            continue
+        found += [
+            (bus, driver, entry.name)
+            for entry in sorted(directory.iterdir())
+            if entry.is_symlink() and entry.name not in _DRIVER_ATTRIBUTES
+        ]
+    return found
+
+
+def describe_bound(devices: Sequence[tuple[str, str, str]]) -> str:
+    """`` ; bound devices: …`` with the unbind command for each, or nothing."""
+    if not devices:
+        return ""
+    return "; bound devices: " + ", ".join(
+        f"{device} ({bus} driver {driver}; to unbind: "
+        f"echo {device} > /sys/bus/{bus}/drivers/{driver}/unbind)"
+        for bus, driver, device in devices
+    )
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()

@@ -125,6 +125,21 @@ class SimulatedKernel:
         """A process that holds files no module cares about."""
         self._make_proc_entry(pid, comm, (comm,), list(open_files))
 
+    def bind_device(self, module: str, bus: str, address: str) -> None:
+        """A device bound to ``module``'s driver, as sysfs shows it (the driver is named as
+        the module is)."""
+        driver = self._path(f"/sys/bus/{bus}/drivers/{module}")
+        driver.mkdir(parents=True, exist_ok=True)
+        for attribute in ("bind", "unbind", "uevent"):
+            (driver / attribute).touch()
+        device = self._path(f"/sys/devices/{bus}0000:00/{address}")
+        device.mkdir(parents=True, exist_ok=True)
+        (driver / address).symlink_to(device)
+        link = self._path(f"/sys/module/{kname(module)}/drivers/{bus}:{module}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(driver)
+
     def hold_invisibly(self, module: str) -> None:
         """A reference from outside this PID namespace: no /proc entry to find."""
         self.modules[kname(module)].refs += 1

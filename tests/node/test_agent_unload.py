@@ -55,6 +55,20 @@ def test_refuses_while_the_device_is_open_and_names_the_holders(loaded: Node) ->
     assert refused.value.fields["refcnt"] == {TOP: 1}
 
 
+def test_a_refusal_names_the_bound_devices_and_how_to_unbind_them(loaded: Node) -> None:
+    loaded.kernel.bind_device(TOP, "pci", "0000:03:00.0")
+    loaded.kernel.open_device(4242, "tt-smi", DEVICE)
+
+    with pytest.raises(DeviceBusy) as refused:
+        loaded.agent().unload(force=False)
+
+    assert (
+        "bound devices: 0000:03:00.0 (pci driver tenstorrent; to unbind: "
+        "echo 0000:03:00.0 > /sys/bus/pci/drivers/tenstorrent/unbind)"
+    ) in refused.value.message
+    assert refused.value.fields["bound_devices"] == ["pci:tenstorrent:0000:03:00.0"]
+
+
 def test_force_kills_exactly_the_holders_then_unloads(loaded: Node) -> None:
     loaded.kernel.open_device(4242, "tt-smi", DEVICE)
     loaded.kernel.open_device(4343, "python3", DEVICE, cmdline=["python3", "infer.py"])
