@@ -10,13 +10,14 @@ KMM's schema; the one check that does is tests/integration/test_kmm_schema.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import cluster as devcluster
@@ -575,3 +576,135 @@ def _refused(kube_api: Any, namespace: str, module: str) -> bool:
     except ApiException as err:
         return err.status == 422 or err.status == 403
     return False
+
+
+class History:
+    """Every change the test cares about, in the order the watches deliver them: the
+    policy's kmmStatus, and the operator namespace's loader and unloader pods."""
+
+    def __init__(self, kube_api: Any, namespace: str, policy: str) -> None:
+        self.events: list[tuple[str, ...]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._pods, args=(kube_api, namespace), daemon=True),
+            threading.Thread(target=self._policy, args=(kube_api, policy), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _add(self, *event: str) -> None:
+        with self._lock:
+            if not self.events or self.events[-1] != event:
+                self.events.append(event)
+
+    def _pods(self, kube_api: Any, namespace: str) -> None:
+        core = client.CoreV1Api(kube_api)
+        w = watch.Watch()
+        for ev in w.stream(core.list_namespaced_pod, namespace, timeout_seconds=240):
+            if self._stop.is_set():
+                return
+            pod = ev["object"]
+            component = (pod.metadata.labels or {}).get("app.kubernetes.io/component", "")
+            if component in ("module-loader", "module-unloader"):
+                owner = (pod.metadata.owner_references or [None])[0]
+                self._add(
+                    component,
+                    ev["type"],
+                    pod.spec.node_name or "",
+                    pod.status.phase or "",
+                    owner.uid if owner else "",
+                )
+
+    def _policy(self, kube_api: Any, policy: str) -> None:
+        objects = client.CustomObjectsApi(kube_api)
+        w = watch.Watch()
+        for ev in w.stream(
+            objects.list_cluster_custom_object,
+            CP_GROUP,
+            CP_VERSION,
+            CP_PLURAL,
+            field_selector=f"metadata.name={policy}",
+            timeout_seconds=240,
+        ):
+            if self._stop.is_set():
+                return
+            self._add("kmmStatus", str((ev["object"].get("status") or {}).get("kmmStatus")))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def index(self, match: Callable[[tuple[str, ...]], bool]) -> int:
+        with self._lock:
+            return next(i for i, e in enumerate(self.events) if match(e))
+
+    def statuses(self) -> list[str]:
+        with self._lock:
+            return [e[1] for e in self.events if e[0] == "kmmStatus"]
+
+
+def test_recreating_and_removing_unload_every_node_in_between(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+) -> None:
+    """A version switch between empty and set shows Recreating, and the old Module's
+    unloaders finish on every node before the new Module loads anything; removing
+    kernelModule shows Removing, and the unloaders finish before the Module is gone."""
+    tag, nodes = gpu_nodes
+    name = f"phase{tag}"
+    module_name = f"{name}-gpu"
+    image = _image(oci_registry, name)
+    for kernel in KERNELS:
+        oci_registry.push(image.replace("$KERNEL_FULL_VERSION", kernel))
+    key = f"kmm.node.kubernetes.io/version-module.{operator_namespace}.{module_name}"
+    _create(kube_api, _policy(name, tag, oci_registry))
+    history = History(kube_api, operator_namespace, name)
+    try:
+        wait_until(lambda: _status(kube_api, name).get("kmmStatus") == "2/2", "the driver loaded")
+        old = _modules(kube_api, operator_namespace)[module_name]["metadata"]["uid"]
+        _patch_spec(kube_api, name, {"kernelModule": {"version": "v1"}})
+        new = wait_until(
+            lambda: (
+                (m := _modules(kube_api, operator_namespace).get(module_name))
+                and m["metadata"]["uid"] != old
+                and m["metadata"]["uid"]
+            ),
+            "the Module recreated with a version",
+            timeout=90,
+        )
+        # With a version, a node loads once it is labelled for it.
+        for node in nodes:
+            client.CoreV1Api(kube_api).patch_node(node, {"metadata": {"labels": {key: "v1"}}})
+        wait_until(
+            lambda: _status(kube_api, name).get("kmmStatus") == "2/2", "reloaded", timeout=90
+        )
+        assert "Recreating" in history.statuses()
+        first_new = history.index(lambda e: e[0] == "module-loader" and e[4] == new)
+        for node in nodes:
+            unloaded = history.index(
+                lambda e, n=node: e[0] == "module-unloader" and e[2:] == (n, "Succeeded", old)
+            )
+            assert unloaded < first_new, history.events
+
+        _patch_spec(kube_api, name, {"kernelModule": None})
+        wait_until(lambda: _status(kube_api, name).get("kmmStatus") == "N/A", "removed", timeout=90)
+        assert module_name not in _modules(kube_api, operator_namespace)
+        statuses = history.statuses()
+        assert statuses.index("Removing") > statuses.index("Recreating")
+        removing = history.index(lambda e: e == ("kmmStatus", "Removing"))
+        for node in nodes:
+            # Unloaders of the versioned Module, after Removing began.
+            done = [
+                i
+                for i, e in enumerate(history.events)
+                if i > removing and e[0] == "module-unloader" and e[2:] == (node, "Succeeded", new)
+            ]
+            assert done, history.events
+    finally:
+        history.stop()
+        _delete_policy(kube_api, name)
+        for node in nodes:
+            client.CoreV1Api(kube_api).patch_node(node, {"metadata": {"labels": {key: None}}})
