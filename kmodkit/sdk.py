@@ -72,7 +72,7 @@ from kmodkit.core.engine.images import (
 from kmodkit.core.engine.re2 import RegexpError, check_re2, compile_re2
 from kmodkit.core.engine.templating import TemplateError, check_template, substitute
 from kmodkit.core.kernel import TEMPLATE_VARIABLES, template_values
-from kmodkit.core.labels import FIELD_MANAGER, LabelKeyError
+from kmodkit.core.labels import FIELD_MANAGER, HANDED_OVER, LabelKeyError
 from kmodkit.core.labels import MODULE_VERSION as MODULE_VERSION_LABEL
 from kmodkit.core.labels import READY as MODULE_READY_LABEL
 from kmodkit.core.nodes import NodeView
@@ -172,6 +172,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     # Cluster facts and label keys.
     "FIELD_MANAGER",
     "LabelKeyError",
+    "HANDED_OVER",
     "MODULE_READY_LABEL",
     "MODULE_VERSION_LABEL",
     "NodeView",

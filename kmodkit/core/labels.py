@@ -90,6 +90,10 @@ DEVICE_PLUGIN_READY = ModuleKey(KMM_PREFIX, after=".device-plugin-ready")
 
 
 # Pod, DaemonSet and DeviceClass labels (KMM).
+# Module annotation: deleting this Module hands its nodes to another engine, which
+# already serves them; the driver and the readiness labels stay (value "true").
+HANDED_OVER = f"{KMODKIT_PREFIX}/handed-over"
+
 MODULE_NAME_LABEL = f"{KMM_PREFIX}/module.name"
 ROLE_LABEL = f"{KMM_PREFIX}/role"
 ROLE_MODULE_LOADER = "module-loader"

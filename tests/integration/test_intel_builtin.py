@@ -9,6 +9,7 @@ labels, and ``kubectl get clusterpolicy`` shows both.
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import kmm_crds
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
@@ -179,4 +181,131 @@ def test_builtin_engine_loads_the_driver_and_columns_show_it(
         assert shown[0].split() == ["NAME", "DP", "DRA", "XPU", "KMM", "AGE"]
         assert shown[1].split()[:5] == [name, "2/2", "N/A", "N/A", "2/2"]
     finally:
+        objects.delete_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, name)
+
+
+def _modules(kube_api: Any, namespace: str, group: str, version: str) -> dict[str, Any]:
+    try:
+        items = client.CustomObjectsApi(kube_api).list_namespaced_custom_object(
+            group, version, namespace, "modules"
+        )["items"]
+    except ApiException as err:
+        if err.status == 404:  # the group is not served
+            return {}
+        raise
+    return {m["metadata"]["name"]: m for m in items}
+
+
+def test_kmm_installed_live_takes_over_only_once_it_serves_and_nothing_unloads(
+    operator: Operator,
+    kube_api: Any,
+    operator_namespace: str,
+    oci_registry: Registry,
+    gpu_nodes: tuple[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    """KMM's CRDs installed while the operator runs (engine Auto): the policy gets a KMM
+    Module next to the built-in one, which keeps serving while KMM has not loaded the
+    driver everywhere, so CRDs without KMM's controller cost nothing. This test then
+    plays KMM's controller (a stand-in: it writes the KMM Module's status as KMM would
+    once its workers have loaded every node); the built-in Module is handed over and
+    goes without one unloader pod and with the readiness labels in place. Removing
+    KMM's CRDs moves the policy back to the built-in engine."""
+    tag, nodes = gpu_nodes
+    name = f"sw{tag}"
+    module = f"{name}-gpu"
+    ready = f"kmm.node.kubernetes.io/{operator_namespace}.{module}.ready"
+    _push(oci_registry, f"{oci_registry.host}/kmods/xe:{KERNEL}", tmp_path)
+    objects = client.CustomObjectsApi(kube_api)
+    core = client.CoreV1Api(kube_api)
+    policy = {
+        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceRegistration": "dp",
+            "nodeSelector": {"intel-test": tag},
+            "pullSecret": {"name": "pull"},
+            "kernelModule": {
+                "kernelMappings": [
+                    {
+                        "regexp": "^7[.]0[.]0-.*-generic$",
+                        "containerImage": f"{oci_registry.host}/kmods/xe:$KERNEL_FULL_VERSION",
+                    }
+                ],
+            },
+        },
+    }
+
+    def labelled() -> bool:
+        return all(ready in (core.read_node(n).metadata.labels or {}) for n in nodes)
+
+    def unloaders() -> list[str]:
+        pods = core.list_namespaced_pod(
+            operator_namespace, label_selector="app.kubernetes.io/component=module-unloader"
+        ).items
+        return [p.metadata.name for p in pods if p.metadata.name.startswith(module)]
+
+    objects.create_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, policy)
+    crds: list[dict[str, Any]] = []
+    try:
+        wait_until(lambda: _status(kube_api, name).get("kmmStatus") == "2/2", "loaded", timeout=90)
+        crds = kmm_crds.install(kube_api)
+        wait_until(
+            lambda: (
+                module in _modules(kube_api, operator_namespace, "kmm.sigs.x-k8s.io", "v1beta1")
+            ),
+            "a KMM Module next to the built-in one",
+        )
+        status = wait_until(
+            lambda: (s := _status(kube_api, name)).get("engineSwitch") and s, "the switch phase"
+        )
+        assert status["engineSwitch"].startswith(
+            "Builtin to KMM: waiting for KMM to load the driver on every node"
+        )
+        assert status["engine"] == "Builtin"
+        time.sleep(5)  # KMM's CRDs, no KMM controller: the built-in engine keeps serving
+        assert module in _modules(kube_api, operator_namespace, "kmodkit.io", "v1alpha1")
+        assert labelled() and unloaders() == []
+
+        loaded = {"nodesMatchingSelectorNumber": 2, "desiredNumber": 2, "availableNumber": 2}
+        objects.patch_namespaced_custom_object_status(
+            "kmm.sigs.x-k8s.io",
+            "v1beta1",
+            operator_namespace,
+            "modules",
+            module,
+            {"status": {"moduleLoader": loaded}},
+        )
+        wait_until(
+            lambda: module not in _modules(kube_api, operator_namespace, "kmodkit.io", "v1alpha1"),
+            "the built-in Module handed over and gone",
+            timeout=60,
+        )
+        status = wait_until(
+            lambda: (s := _status(kube_api, name)).get("engineSwitch") == "" and s,
+            "the switch done",
+        )
+        assert status["engine"] == "KMM" and status["kmmStatus"] == "2/2"
+        assert labelled() and unloaders() == []
+
+        kmm_crds.uninstall(kube_api, crds)
+        crds = []
+        wait_until(
+            lambda: module in _modules(kube_api, operator_namespace, "kmodkit.io", "v1alpha1"),
+            "back to the built-in engine",
+            timeout=60,
+        )
+        wait_until(
+            lambda: (
+                (s := _status(kube_api, name)).get("engine") == "Builtin"
+                and s.get("kmmStatus") == "2/2"
+            ),
+            "the built-in engine serving again",
+            timeout=90,
+        )
+        assert labelled()
+    finally:
+        if crds:
+            kmm_crds.uninstall(kube_api, crds)
         objects.delete_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, name)

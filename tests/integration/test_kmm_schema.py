@@ -20,12 +20,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kmodkit.sdk import FIELD_MANAGER
 from kmodkit_dev import kmm_crds
 from kmodkit_dev import manifests as devmanifests
-from kmodkit_dev.waiting import wait_until
 from tests.unit.backends.intel_xe.kmm_module_cases import (
     LOADER_ACCOUNT,
     POLICIES,
@@ -45,26 +43,11 @@ def kmm_api(kube_api: Any) -> Iterator[None]:
     """KMM's CRDs served by the apiserver; removed afterwards, so no other test sees KMM
     installed (the Intel backend would pick it as its engine)."""
     try:
-        crds = kmm_crds.manifests(kmm_crds.crd_files())
+        crds = kmm_crds.install(kube_api)
     except kmm_crds.KmmCrdError as err:
         pytest.fail(str(err), pytrace=False)
-    devmanifests.install(kube_api, crds)
     yield
-    extensions: Any = client.ApiextensionsV1Api(kube_api)
-    for crd in crds:
-        try:
-            extensions.delete_custom_resource_definition(crd["metadata"]["name"])
-        except ApiException as err:
-            if err.status != 404:
-                raise
-    names = {crd["metadata"]["name"] for crd in crds}
-
-    def gone() -> bool:
-        return not names & {
-            c.metadata.name for c in extensions.list_custom_resource_definition().items
-        }
-
-    wait_until(gone, "KMM's CRDs to be deleted")
+    kmm_crds.uninstall(kube_api, crds)
 
 
 @pytest.fixture(scope="module")

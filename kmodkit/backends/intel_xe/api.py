@@ -423,6 +423,8 @@ class ClusterPolicyStatus(KubeModel):
     """<available>/<desired> nodes with the driver loaded, N/A, Removing or Recreating."""
     engine: str | None = Field(default=None, max_length=64)
     """Which engine serves the driver Module: KMM, Builtin, or empty without kernelModule."""
+    engine_switch: str | None = Field(default=None, max_length=1024)
+    """Where a switch between engines stands; empty when none is under way."""
     errors: list[Text] | None = Field(default=None, max_length=10)
     """What keeps the policy from being fully applied, newest last."""
     blocking_claims: list[Text] | None = Field(default=None, max_length=10)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kmodkit.backends.intel_xe.engine import API_VERSIONS
-from kmodkit.sdk import MODULE_VERSION_LABEL, LabelKeyError, Obj
+from kmodkit.sdk import HANDED_OVER, MODULE_VERSION_LABEL, LabelKeyError, Obj
 
 RECHECK_SECONDS = 5.0
 """Safety-net re-run while a Module is going away (its deletion event normally wakes us)."""
@@ -37,6 +37,8 @@ class ModuleOutcome:
     requeue_after: float | None = None
     serving: str | None = None
     """The engine whose Module is applied or held this pass."""
+    switch: str | None = None
+    """Where a switch between engines stands, while one is under way."""
 
 
 def reference(module: Mapping[str, Any]) -> str:
@@ -154,11 +156,78 @@ def decide(
     )
     if not toggled and not others and (same is None or not _deleting(same)):
         return _applied(desired, same)
+    if not toggled and others and (same is None or not _deleting(same)):
+        return _switch(desired, same, others, claims)
     if claims and alive:
         engine = _ENGINE_NAMES[desired["apiVersion"]]
         why = "recreation for version change" if toggled else f"deletion for the switch to {engine}"
         return _hold(alive, [_blocked(m, why) for m in alive])
     return ModuleOutcome([], "Recreating", _pending(live), RECHECK_SECONDS)
+
+
+def _serving(module: Obj | None) -> bool:
+    """Whether an engine has loaded the driver on every node its Module targets: only
+    then may the other engine's Module go (an installed CRD is not a running KMM)."""
+    available, wanted = _counts(module)
+    return (wanted > 0 and available == wanted) or (
+        module is not None and "status" in module and wanted == 0 and _matching(module) == 0
+    )
+
+
+def _switch(
+    desired: dict[str, Any], same: Obj | None, others: list[Obj], claims: Sequence[str]
+) -> ModuleOutcome:
+    """From one engine to the other without a moment in which neither serves.
+
+    Both Modules run side by side (the same driver, the same readiness labels:
+    the new engine adopts what is loaded) until the new one reports the driver
+    loaded everywhere. Then the old one goes: the built-in engine's after it is
+    marked handed over (nothing unloaded); KMM's by deletion, which KMM answers
+    by unloading, so that waits for GPU claims, and the built-in engine's loaders
+    load again what KMM took away."""
+    new, old = _ENGINE_NAMES[desired["apiVersion"]], _ENGINE_NAMES[others[0]["apiVersion"]]
+    alive = [o for o in others if not _deleting(o)]
+    if not _serving(same):
+        available, wanted = _counts(same)
+        step = f"{old} to {new}: waiting for {new} to load the driver on every node"
+        return ModuleOutcome(
+            [desired, *(held(o) for o in alive)],
+            _column(alive[0] if alive else same),
+            _pending(others),
+            RECHECK_SECONDS,
+            serving=old,
+            switch=f"{step} ({available}/{wanted})",
+        )
+    kept, errors, step = [], _pending(others), f"{old} to {new}: removing the {old} Module"
+    for other in alive:
+        if other["apiVersion"] == API_VERSIONS["Builtin"]:
+            marked = ((other.get("metadata") or {}).get("annotations") or {}).get(HANDED_OVER)
+            if marked != "true":  # marked first, so its engine leaves the driver loaded
+                kept.append(_handed_over(other))
+        elif claims:
+            kept.append(held(other))
+            errors.append(_blocked(other, f"deletion for the switch to {new}"))
+    available, wanted = _counts(same)
+    return ModuleOutcome(
+        [desired, *kept],
+        f"{available}/{wanted}",
+        errors,
+        RECHECK_SECONDS,
+        serving=new,
+        switch=step,
+    )
+
+
+def _column(module: Obj | None) -> str:
+    available, wanted = _counts(module)
+    return f"{available}/{wanted}"
+
+
+def _handed_over(live: Obj) -> dict[str, Any]:
+    kept = held(live)
+    meta = kept["metadata"]
+    meta["annotations"] = {**(meta.get("annotations") or {}), HANDED_OVER: "true"}
+    return kept
 
 
 BLOCKING = "allocated GPU ResourceClaims blocking"

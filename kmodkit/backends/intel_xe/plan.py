@@ -143,6 +143,7 @@ def _plan(
     status: dict[str, Any] = {
         **columns,
         "engine": engine,
+        "engineSwitch": module.switch or "",
         "errors": shown,
         # Which claims hold a deletion back; the errors say only what is held, word for word.
         "blockingClaims": claims[:MAX_BLOCKING_CLAIMS] if any(BLOCKING in e for e in shown) else [],

@@ -506,6 +506,20 @@ class ModuleController:
         """
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
+        if (meta.get("annotations") or {}).get(labels.HANDED_OVER) == "true":
+            # Another engine serves these nodes now (the same driver, the same labels):
+            # nothing is unloaded or unlabelled, and the loader pods, garbage-collected
+            # with the Module, leave the driver loaded.
+            legacy = sorted(p.node for p in pods if not p.unloader and not p.leaves_loaded)
+            if legacy:
+                raise kopf.TemporaryError(
+                    f"cannot hand over: the loader pods on {', '.join(legacy[:5])} predate "
+                    "loaders that leave the driver loaded, and would unload it when deleted; "
+                    "remove the annotation to unload, or keep the Module",
+                    delay=CACHE_WAIT_SECONDS,
+                )
+            log.info("Module %s/%s handed over to another engine; nothing unloaded", ns, name)
+            return
         if not self.shared.nodes_synced:
             raise kopf.TemporaryError(
                 "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS

@@ -12,6 +12,7 @@ from kmodkit.core.api import API_VERSION, KMM_API_VERSION
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.engine.module_rules import validate_module
+from kmodkit.sdk import HANDED_OVER
 
 NS = "kmodkit-system"
 KMM = frozenset({"kmm.sigs.x-k8s.io"})
@@ -243,14 +244,40 @@ def test_version_switch_recreates_and_a_bump_patches_in_place() -> None:
     assert bumped.status["kmmStatus"] == "2/2"
 
 
-def test_engine_switch_removes_the_old_module_before_creating_the_new() -> None:
-    builtin = module_of(plan(body(kernelModule=kernel_module()), view()))
-    p = plan(body(kernelModule=kernel_module()), view(KMM, owned=[live(builtin, 1, 1)]))
-    assert objects(p, "Module") == []
-    assert p.status["kmmStatus"] == "Recreating"
-    assert module_of(plan(body(kernelModule=kernel_module()), view(KMM)))["apiVersion"] == (
-        KMM_API_VERSION
+def test_an_engine_switch_hands_over_without_a_moment_unserved() -> None:
+    policy = body(kernelModule=kernel_module())
+    builtin = live(module_of(plan(policy, view())), 2, 2)
+    kmm = module_of(plan(policy, view(KMM)))
+
+    def step(*owned: Obj) -> Any:
+        p = plan(policy, view(KMM, owned=list(owned)))
+        return p, {
+            (m["apiVersion"], bool(m["metadata"].get("annotations"))) for m in objects(p, "Module")
+        }
+
+    # KMM's CRDs appear: its Module is made next to the running one, which stays.
+    p, modules = step(builtin)
+    assert modules == {(KMM_API_VERSION, False), (API_VERSION, False)}
+    assert (p.status["engine"], p.status["kmmStatus"]) == ("Builtin", "2/2")
+    assert p.status["engineSwitch"] == (
+        "Builtin to KMM: waiting for KMM to load the driver on every node (0/0)"
     )
+    # A KMM that never reports (its CRDs without its controller), or reports less
+    # than every node: the built-in engine keeps serving.
+    for reported in ({k: v for k, v in kmm.items() if k != "status"}, live(kmm, 1, 2)):
+        assert step(builtin, reported)[1] == modules
+    # KMM has loaded every node: the built-in Module is marked handed over ...
+    p, modules = step(builtin, live(kmm, 2, 2))
+    assert modules == {(KMM_API_VERSION, False), (API_VERSION, True)}
+    handed = next(m for m in objects(p, "Module") if m["apiVersion"] == API_VERSION)
+    assert handed["metadata"]["annotations"] == {HANDED_OVER: "true"}
+    assert (p.status["engine"], p.status["kmmStatus"]) == ("KMM", "2/2")
+    # ... and then goes (its engine leaves the driver loaded).
+    marked = copy.deepcopy(builtin)
+    marked["metadata"]["annotations"] = {HANDED_OVER: "true"}
+    p, modules = step(marked, live(kmm, 2, 2))
+    assert modules == {(KMM_API_VERSION, False)}
+    assert plan(policy, view(KMM, owned=[live(kmm, 2, 2)])).status["engineSwitch"] == ""
 
 
 def test_an_ordered_upgrade_no_node_joined_yet_says_how_to_proceed() -> None:
@@ -290,9 +317,21 @@ def test_allocated_gpu_claims_hold_the_module() -> None:
     )
     assert objects(toggle, "Module")[0]["spec"] == module["spec"]
     assert "recreation for version change" in toggle.status["errors"][0]
-    switch = plan(body(kernelModule=kernel_module(engine="Builtin")), view(KMM, [module], [CLAIM]))
-    assert objects(switch, "Module")[0]["apiVersion"] == KMM_API_VERSION
-    assert "deletion for the switch to Builtin" in switch.status["errors"][0]
+    # Switching to the built-in engine: KMM's Module goes (and KMM unloads) only once
+    # the built-in one serves every node, and not while a claim is allocated.
+    to_builtin = body(kernelModule=kernel_module(engine="Builtin"))
+    waiting = plan(to_builtin, view(KMM, [module], [CLAIM]))
+    assert {m["apiVersion"] for m in objects(waiting, "Module")} == {KMM_API_VERSION, API_VERSION}
+    assert waiting.status["errors"] == []
+    builtin = live(module_of(plan(to_builtin, view())), 2, 2)
+    switch = plan(to_builtin, view(KMM, [module, builtin], [CLAIM]))
+    assert {m["apiVersion"] for m in objects(switch, "Module")} == {KMM_API_VERSION, API_VERSION}
+    assert switch.status["errors"] == [
+        "allocated GPU ResourceClaims blocking modules.kmm.sigs.x-k8s.io/gpu-policy-gpu "
+        "deletion for the switch to Builtin"
+    ]
+    released_switch = plan(to_builtin, view(KMM, [module, builtin]))
+    assert [m["apiVersion"] for m in objects(released_switch, "Module")] == [API_VERSION]
     # Claims of other drivers do not count; once the GPU claims go, removal proceeds.
     released = plan(body(), view(KMM, owned=[module], claims=[other_driver]))
     assert objects(released, "Module") == []

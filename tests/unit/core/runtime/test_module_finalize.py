@@ -178,3 +178,23 @@ def test_finalize_works_on_one_snapshot_while_the_watch_changes_the_cache() -> N
         stop.set()
         watcher.join(timeout=5)
         sys.setswitchinterval(interval)
+
+
+def _handed_over() -> dict[str, Any]:
+    return {**BODY, "metadata": {**BODY["metadata"], "annotations": {labels.HANDED_OVER: "true"}}}
+
+
+def test_a_module_handed_over_to_another_engine_goes_without_unloading() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a", "b"])
+    controller.finalize(_handed_over(), [_pod("a"), _pod("b")])  # no TemporaryError: it goes
+    assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])
+
+
+def test_a_handover_waits_for_loader_pods_that_would_unload_when_deleted() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a"])
+    legacy = replace(_pod("a"), leaves_loaded=False)
+    with pytest.raises(kopf.TemporaryError, match="cannot hand over: the loader pods on a"):
+        controller.finalize(_handed_over(), [legacy])
+    assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])
