@@ -53,7 +53,13 @@ def binary(name: str) -> Path:
 
 
 def is_built(tool: Tool) -> bool:
-    return all((bin_dir(tool) / b).is_file() for b in tool.binaries)
+    names = [*tool.binaries, *(Path(path).name for _, path in tool.files)]
+    return all((bin_dir(tool) / n).is_file() for n in names)
+
+
+def tool_file(tool_name: str, name: str) -> Path:
+    """A file a tool's build copied out of its source (see ``Tool.files``)."""
+    return bin_dir(TOOLS[tool_name]) / name
 
 
 def ensure(names: Iterable[str], echo: Echo = _stderr_echo) -> None:
@@ -131,6 +137,16 @@ def _build(tool: Tool, echo: Echo) -> None:
             f"building {tool.name} {tool.version} failed (go build exit {proc.returncode}):\n{tail}"
         )
     log.unlink()
+    for module, path in tool.files:
+        source = subprocess.run(
+            ["go", "list", "-m", "-f", "{{.Dir}}", module],
+            cwd=GOMOD_DIR / tool.name,
+            env=_go_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        shutil.copyfile(Path(source) / path, scratch / Path(path).name)
     if target.exists():
         shutil.rmtree(target)
     scratch.rename(target)

@@ -20,13 +20,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import manifests as devmanifests
 from kmodkit_dev.build import cache_root
 from kmodkit_dev.repo import ROOT
-from kmodkit_dev.waiting import wait_until
 
 COMMIT: Final = "de3f8c9d5eae9cc68c0dbfaa72ba2d9c103b6494"
 """The KMM commit Intel's gpu-base-operator pins; the sums below are of its config/crd/bases."""
@@ -145,17 +142,4 @@ def install(api: Any) -> list[dict[str, Any]]:
 
 def uninstall(api: Any, crds: list[dict[str, Any]]) -> None:
     """Delete KMM's CRDs (and with them every KMM object) and wait until they are gone."""
-    extensions: Any = client.ApiextensionsV1Api(api)
-    for crd in crds:
-        try:
-            extensions.delete_custom_resource_definition(crd["metadata"]["name"])
-        except ApiException as err:
-            if err.status != 404:
-                raise
-    names = {crd["metadata"]["name"] for crd in crds}
-
-    def gone() -> bool:
-        served = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
-        return not names & served
-
-    wait_until(gone, "KMM's CRDs to be deleted")
+    devmanifests.uninstall_crds(api, crds)

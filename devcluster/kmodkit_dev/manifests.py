@@ -77,3 +77,21 @@ def install(api: client.ApiClient, documents: Iterable[dict[str, Any]]) -> None:
     for doc in docs:
         if doc["kind"] == "CustomResourceDefinition":
             wait_established(api, doc["metadata"]["name"])
+
+
+def uninstall_crds(api: client.ApiClient, crds: Iterable[dict[str, Any]]) -> None:
+    """Delete ``crds`` (and with them every object of theirs) and wait until they are gone."""
+    extensions: Any = client.ApiextensionsV1Api(api)
+    names = {crd["metadata"]["name"] for crd in crds}
+    for name in names:
+        try:
+            extensions.delete_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def gone() -> bool:
+        served = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
+        return not names & served
+
+    wait_until(gone, f"{', '.join(sorted(names))} to be deleted")

@@ -17,6 +17,8 @@ class Tool:
     packages: tuple[str, ...]  # Go main packages built into binaries
     binaries: tuple[str, ...]  # the executables the build leaves behind
     ldflags: str = "-s -w"
+    files: tuple[tuple[str, str], ...] = ()
+    """(module, path in it) copied next to the binaries: manifests the tool's source ships."""
 
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -60,6 +62,18 @@ TOOLS: dict[str, Tool] = {
             ("registry",),
         ),
         Tool("helm", "v3.22.0", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
+        Tool(
+            "nfd",
+            "v0.18.2",
+            ("sigs.k8s.io/node-feature-discovery/cmd/nfd-master",),
+            ("nfd-master",),
+            files=(
+                (
+                    "sigs.k8s.io/node-feature-discovery",
+                    "deployment/base/nfd-crds/nfd-api-crds.yaml",
+                ),
+            ),
+        ),
     )
 }
 
