@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm nfd
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd
 
 lint: setup
 	$(BIN)/ruff check .
@@ -48,7 +48,7 @@ bench: devcluster-bin
 
 crds: setup
 	@$(BIN)/kmodkit crds --out crds
-	@$(BIN)/kmodkit crds --out charts/kmodkit/crds
+	@$(BIN)/kmodkit crds --chart charts/kmodkit
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -62,6 +62,8 @@ TOOLS: dict[str, Tool] = {
             ("registry",),
         ),
         Tool("helm", "v3.22.0", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
+        # The current Helm; the chart is tested with both.
+        Tool("helm4", "v4.3.1", ("helm.sh/helm/v4/cmd/helm",), ("helm4",)),
         Tool(
             "nfd",
             "v0.18.2",

@@ -29,12 +29,18 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
 DIGEST = "sha256:" + "ab" * 32
 
 
-class Helm:
-    """The real helm binary with its own config, cache and data directories."""
+# The current Helm and the one many clusters still use: the chart must work with both.
+HELMS = ("helm4", "helm")
 
-    def __init__(self, home: Path, kubeconfig: str | None = None) -> None:
-        build.ensure(["helm"])
-        self.binary = str(build.binary("helm"))
+
+class Helm:
+    """The real helm binary (``tool``: helm4 or helm, i.e. Helm 3) with its own config,
+    cache and data directories."""
+
+    def __init__(self, home: Path, kubeconfig: str | None = None, tool: str = "helm") -> None:
+        build.ensure([tool])
+        self.major = 4 if tool == "helm4" else 3
+        self.binary = str(build.binary(tool))
         self.env = dict(
             os.environ,
             HELM_CONFIG_HOME=str(home / "cfg"),
@@ -62,6 +68,11 @@ class Helm:
 @pytest.fixture
 def helm(tmp_path: Path) -> Helm:
     return Helm(tmp_path)
+
+
+@pytest.fixture(params=HELMS)
+def each_helm(request: pytest.FixtureRequest, tmp_path: Path) -> Helm:
+    return Helm(tmp_path, tool=request.param)
 
 
 def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -98,7 +109,8 @@ def grants(role: dict[str, Any]) -> set[Grant]:
 # -- without a cluster ----------------------------------------------------------
 
 
-def test_lint_is_clean_for_the_defaults_and_every_switch(helm: Helm) -> None:
+def test_lint_is_clean_for_the_defaults_and_every_switch(each_helm: Helm) -> None:
+    helm = each_helm
     # Helm.run asserts the exit code; a strict lint fails on any warning.
     assert "0 chart(s) failed" in helm.run("lint", "--strict", str(CHART)).stdout
     switches = helm.run(
@@ -124,9 +136,9 @@ def test_lint_is_clean_for_the_defaults_and_every_switch(helm: Helm) -> None:
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(
-    helm: Helm, sets: list[str], message: str
+    each_helm: Helm, sets: list[str], message: str
 ) -> None:
-    out = helm.run("lint", str(CHART), *sets, ok=False)
+    out = each_helm.run("lint", str(CHART), *sets, ok=False)
     assert out.returncode != 0
     assert message in out.stdout + out.stderr
 
@@ -243,12 +255,12 @@ def test_operator_pod_is_hardened(helm: Helm) -> None:
 # -- on the devcluster ----------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(params=HELMS)
 def release(
-    kubeconfig: str, kube_api: Any, namespace: str, tmp_path: Path
+    request: pytest.FixtureRequest, kubeconfig: str, kube_api: Any, namespace: str, tmp_path: Path
 ) -> Iterator[tuple[Helm, str, str]]:
     """A release name and its own operator namespace; uninstalled if a test fails midway."""
-    helm = Helm(tmp_path, kubeconfig)
+    helm = Helm(tmp_path, kubeconfig, tool=request.param)
     name = f"km-{uuid.uuid4().hex[:6]}"
     yield helm, name, f"{name}-system"
     helm.run("uninstall", name, "-n", namespace, "--wait", ok=False)
@@ -265,8 +277,13 @@ def test_install_test_upgrade_and_uninstall(
 ) -> None:
     helm, name, ns = release
     common = ["-n", namespace, "--set", f"namespace.name={ns}", "--wait", "--timeout", "120s"]
-    helm.run("install", name, str(CHART), *common)
+    # --take-ownership: the admission policies may exist already (other tests apply crds/,
+    # and charts before this one shipped them in crds/, where Helm does not own them).
+    helm.run("install", name, str(CHART), *common, "--take-ownership")
     apps = client.AppsV1Api(kube_api)
+    admission = client.AdmissionregistrationV1Api(kube_api)
+    policy = admission.read_validating_admission_policy("modules.kmodkit.io-name-length")
+    assert policy.metadata.annotations["meta.helm.sh/release-name"] == name
     deployment = apps.read_namespaced_deployment(f"{name}-kmodkit", ns)
     assert deployment.status.ready_replicas == 1
     labels = client.CoreV1Api(kube_api).read_namespace(ns).metadata.labels
@@ -292,11 +309,24 @@ def test_install_test_upgrade_and_uninstall(
         "the upgraded replica",
     )
 
+    helm.run("rollback", name, "1", "-n", namespace, "--wait", "--timeout", "120s")
+    env = {
+        e.name
+        for e in apps.read_namespaced_deployment(f"{name}-kmodkit", ns)
+        .spec.template.spec.containers[0]
+        .env
+    }
+    assert "KMODKIT_EXTRA_ENV_HTTPS_PROXY" not in env, "the rollback restores revision 1"
+    assert _replica_sets(kube_api, ns) == second, "revision 1's ReplicaSet serves again"
+
     helm.run("uninstall", name, "-n", namespace, "--wait", "--timeout", "120s")
     rbac = client.RbacAuthorizationV1Api(kube_api)
     selector = f"app.kubernetes.io/instance={name}"
     assert not rbac.list_cluster_role(label_selector=selector).items
     assert not rbac.list_cluster_role_binding(label_selector=selector).items
+    # The admission policies were the release's: they go with it (only CRDs stay).
+    policies = {p.metadata.name for p in admission.list_validating_admission_policy().items}
+    assert "modules.kmodkit.io-name-length" not in policies
     objects = client.CustomObjectsApi(kube_api)
     peerings = objects.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
     assert name not in {p["metadata"]["name"] for p in peerings["items"]}

@@ -86,20 +86,28 @@ def run(
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory to write one file per manifest into; without it, print them all.",
 )
+@click.option(
+    "--chart",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A chart directory: CRDs into its crds/, admission policies into a template.",
+)
 @BACKENDS_OPTION
-def crds(out: Path | None, backends: str) -> None:
+def crds(out: Path | None, chart: Path | None, backends: str) -> None:
     """Generate the CRDs (and their admission policy) of the Module and the enabled backends."""
     from kmodkit.core.cli.backends import report_failures
-    from kmodkit.core.cli.crds import generated_documents, write_files
+    from kmodkit.core.cli.crds import chart_files, generated_documents, generated_files, write_files
     from kmodkit.core.runtime.plugins import discover
     from kmodkit.core.schema.crd import to_yaml
 
     enabled = enabled_backends(backends)
     report_failures(discover(enabled))
-    if out is None:
+    if out is None and chart is None:
         click.echo(to_yaml(d for docs in generated_documents(enabled).values() for d in docs))
         return
-    for path in write_files(out, enabled):
+    written = write_files(out, generated_files(enabled)) if out is not None else []
+    if chart is not None:
+        written += write_files(chart, chart_files(enabled))
+    for path in written:
         click.echo(f"wrote {path}", err=True)
 
 

@@ -16,15 +16,29 @@ CHART = Path(__file__).resolve().parents[3] / "charts" / "kmodkit"
 NOT_GENERATED = {"kopf.dev_clusterkopfpeerings.yaml"}
 
 
-def test_chart_crds_are_the_generated_ones() -> None:
-    generated = crds.generated_files()
-    shipped = {p.name: p.read_text(encoding="utf-8") for p in (CHART / "crds").glob("*.yaml")}
+def test_chart_crds_and_admission_policies_are_the_generated_ones() -> None:
+    generated = crds.chart_files()
+    shipped = {
+        str(p.relative_to(CHART)): p.read_text(encoding="utf-8")
+        for p in [*(CHART / "crds").glob("*.yaml"), CHART / crds.ADMISSION_TEMPLATE]
+    }
     stale = sorted(n for n in generated if shipped.get(n) != generated[n])
-    extra = sorted(set(shipped) - set(generated) - NOT_GENERATED)
+    extra = sorted(set(shipped) - set(generated) - {f"crds/{n}" for n in NOT_GENERATED})
     assert not stale and not extra, (
-        f"charts/kmodkit/crds is out of date (changed or missing: {stale}; not generated: "
+        f"charts/kmodkit is out of date (changed or missing: {stale}; not generated: "
         f"{extra}); run `make crds`"
     )
+
+
+def test_the_chart_crds_directory_holds_only_crds() -> None:
+    # Helm 4 refuses anything else there, and Helm never upgrades it.
+    kinds = {
+        doc["kind"]
+        for path in (CHART / "crds").glob("*.yaml")
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if doc
+    }
+    assert kinds == {"CustomResourceDefinition"}
 
 
 def _values(node: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
