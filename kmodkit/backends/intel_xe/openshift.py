@@ -51,6 +51,9 @@ def scc_objects(
             "allowHostPID": False,
             "allowHostPorts": False,
             "allowedCapabilities": list(capabilities),
+            # OpenShift's schema requires these; 0 is what a missing priority means.
+            "defaultAddCapabilities": [],
+            "priority": 0,
             "requiredDropCapabilities": ["ALL"],
             "readOnlyRootFilesystem": False,
             "fsGroup": {"type": "RunAsAny"},
