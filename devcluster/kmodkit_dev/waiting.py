@@ -23,3 +23,21 @@ def wait_until(
         time.sleep(interval)
         last = probe()
     return last
+
+
+def gone(read: Callable[[], object]) -> bool:
+    """Whether ``read`` (a Kubernetes client read of one object) answers 404."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        read()
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return False
+
+
+def wait_gone(read: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """Wait until the object ``read`` reads is deleted (404)."""
+    wait_until(lambda: gone(read), f"{what} to be deleted", timeout)

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.core.runtime.plugins import discover
@@ -23,7 +22,7 @@ from kmodkit_dev import build
 from kmodkit_dev.manifests import apply, wait_established
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.versions import KUBERNETES_VERSION
-from kmodkit_dev.waiting import wait_until
+from kmodkit_dev.waiting import wait_gone, wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kmodkit"
 DIGEST = "sha256:" + "ab" * 32
@@ -40,7 +39,11 @@ class Helm:
     def __init__(self, home: Path, kubeconfig: str | None = None, tool: str = "helm") -> None:
         build.ensure([tool])
         self.major = 4 if tool == "helm4" else 3
-        self.binary = str(build.binary(tool))
+        # Helm names its server-side-apply field manager after its own executable: run
+        # it as "helm", as users do, whichever binary it is.
+        (home / "bin").mkdir(parents=True, exist_ok=True)
+        self.binary = str(home / "bin" / "helm")
+        Path(self.binary).symlink_to(build.binary(tool))
         self.env = dict(
             os.environ,
             HELM_CONFIG_HOME=str(home / "cfg"),
@@ -279,7 +282,10 @@ def test_install_test_upgrade_and_uninstall(
     common = ["-n", namespace, "--set", f"namespace.name={ns}", "--wait", "--timeout", "120s"]
     # --take-ownership: the admission policies may exist already (other tests apply crds/,
     # and charts before this one shipped them in crds/, where Helm does not own them).
-    helm.run("install", name, str(CHART), *common, "--take-ownership")
+    # Helm 4 applies crds/ on install even where they exist, and other tests may have
+    # applied them under their own field manager.
+    forced = ["--force-conflicts"] if helm.major == 4 else []
+    helm.run("install", name, str(CHART), *common, "--take-ownership", *forced)
     apps = client.AppsV1Api(kube_api)
     admission = client.AdmissionregistrationV1Api(kube_api)
     policy = admission.read_validating_admission_policy("modules.kmodkit.io-name-length")
@@ -331,14 +337,7 @@ def test_install_test_upgrade_and_uninstall(
     peerings = objects.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
     assert name not in {p["metadata"]["name"] for p in peerings["items"]}
 
-    def namespace_gone() -> bool:
-        try:
-            client.CoreV1Api(kube_api).read_namespace(ns)
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    wait_until(namespace_gone, f"namespace {ns} (and everything in it) to be deleted", 90)
+    wait_gone(lambda: client.CoreV1Api(kube_api).read_namespace(ns), f"namespace {ns}", 90)
     crds = client.ApiextensionsV1Api(kube_api)
     for crd in ("modules.kmodkit.io", "clusterkopfpeerings.kopf.dev"):
         assert crds.read_custom_resource_definition(crd).metadata.name == crd  # kept

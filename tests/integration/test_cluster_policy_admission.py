@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit.backends.intel_xe import api
 from kmodkit.backends.intel_xe.crd import OPERATOR_NAMESPACE_LABEL
 from kmodkit.sdk import MAX_NAME_AND_NAMESPACE
-from kmodkit_dev.waiting import wait_until
+from kmodkit_dev.waiting import wait_gone, wait_until
 from tests.integration.crds_util import install
 from tests.unit.backends.intel_xe.cluster_policy_cases import (
     MAPPING_CASES,
@@ -83,15 +83,8 @@ def operator_namespace(kube_api: client.ApiClient) -> Iterator[str]:
     yield name
     core.delete_namespace(name)
 
-    def gone() -> bool:
-        try:
-            core.read_namespace(name)
-        except ApiException as err:
-            return err.status == 404
-        return False
-
     # While it exists, every policy name is checked against it.
-    wait_until(gone, "the labelled namespace to be gone", timeout=60)
+    wait_gone(lambda: core.read_namespace(name), "the labelled namespace")
 
 
 def test_the_name_must_fit_the_labelled_operator_namespace(

@@ -1,9 +1,11 @@
 """Upgrading the CRDs of an installed release, the documented way, keeps every object.
 
-Helm installs ``crds/`` once and never upgrades it. The release here is installed
-from a copy of the chart whose Module CRD lacks a field the current one has (the
-previous chart, in effect), a Module is created, and the new chart's CRDs are applied as
-docs/install.md says: ``kubectl apply --server-side --force-conflicts -f charts/kmodkit/crds/``.
+Helm installs ``crds/`` once and never upgrades it. The cluster starts with
+the Module CRD of a chart that lacked a field the current one has (the previous chart,
+in effect; it replaces the live CRD rather than deleting it, which Modules with
+finalizers from other tests would hold up), the release is installed from that chart,
+a Module is created, and the new chart's CRDs are applied as docs/install.md says:
+``kubectl apply --server-side --force-conflicts --field-manager=helm -f charts/kmodkit/crds/``.
 The Module must come through unchanged, the new field must be accepted, and a
 ``helm upgrade`` to the current chart must go through.
 """
@@ -49,6 +51,33 @@ def _previous_chart(tmp: Path) -> Path:
     return chart
 
 
+def _kubectl_apply(kubeconfig: str, path: Path) -> None:
+    """The documented way to apply a chart's CRDs."""
+    applied = subprocess.run(
+        [
+            str(build.binary("kubectl")),
+            f"--kubeconfig={kubeconfig}",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=helm",
+            "-f",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+
+
+def _served(kube_api: Any, field: str) -> bool:
+    """Whether the live Module CRD's spec has ``field``."""
+    crd = client.ApiextensionsV1Api(kube_api).read_custom_resource_definition(CRD)
+    spec = crd.spec.versions[0].schema.open_apiv3_schema.properties["spec"]
+    return field in (spec.properties or {})
+
+
 def _module(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -67,33 +96,20 @@ def _module(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def _delete_crd(kube_api: Any) -> None:
-    extensions = client.ApiextensionsV1Api(kube_api)
-    try:
-        extensions.delete_custom_resource_definition(CRD)
-    except ApiException as err:
-        if err.status != 404:
-            raise
-
-    def gone() -> bool:
-        try:
-            extensions.read_custom_resource_definition(CRD)
-        except ApiException as err:
-            return err.status == 404
-        return False
-
-    wait_until(gone, f"{CRD} to be deleted", timeout=60)
-
-
 def test_new_crds_applied_the_documented_way_keep_every_module(
     kubeconfig: str, kube_api: Any, namespace: str, tmp_path: Path
 ) -> None:
     helm = Helm(tmp_path, kubeconfig, tool="helm4")
     name = f"up-{uuid.uuid4().hex[:6]}"
-    common = ["-n", namespace, "--set", f"namespace.name={name}-system", "--take-ownership"]
-    # Helm installs crds/ only where a CRD is absent: start from none.
-    _delete_crd(kube_api)
-    helm.run("install", name, str(_previous_chart(tmp_path)), *common)
+    # The admission policies may have been applied by other tests, under their own manager.
+    common = [
+        "-n", namespace, "--set", f"namespace.name={name}-system",
+        "--take-ownership", "--force-conflicts",
+    ]  # fmt: skip
+    previous = _previous_chart(tmp_path)
+    _kubectl_apply(kubeconfig, previous / "crds" / "kmodkit.io_modules.yaml")
+    wait_until(lambda: not _served(kube_api, NEW_FIELD), "the previous Module schema")
+    helm.run("install", name, str(previous), *common)
     objects = client.CustomObjectsApi(kube_api)
     try:
         kept = objects.create_namespaced_custom_object(
@@ -111,21 +127,7 @@ def test_new_crds_applied_the_documented_way_keep_every_module(
             )
         assert refused.value.status in (400, 422)
 
-        applied = subprocess.run(
-            [
-                str(build.binary("kubectl")),
-                f"--kubeconfig={kubeconfig}",
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                str(CHART / "crds"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert applied.returncode == 0, applied.stderr
+        _kubectl_apply(kubeconfig, CHART / "crds")
 
         after = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kept")
         assert after["metadata"]["uid"] == kept["metadata"]["uid"]
@@ -138,6 +140,7 @@ def test_new_crds_applied_the_documented_way_keep_every_module(
         helm.run("upgrade", name, str(CHART), *common)
     finally:
         helm.run("uninstall", name, "-n", namespace, "--wait", ok=False)
+        _kubectl_apply(kubeconfig, CHART / "crds")  # the current schema, for every later test
 
 
 def _created(objects: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
-from kmodkit_dev.waiting import wait_until
+from kmodkit_dev.waiting import wait_gone, wait_until
 from tests.integration.crds_util import install
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
@@ -244,14 +244,10 @@ def test_module_builds_missing_images_once_loads_and_labels_ready_nodes(
     objs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "xe")
     wait_until(lambda: not _pods(kube_api, namespace), "loader pods to be gone", timeout=60)
 
-    def gone() -> bool:
-        try:
-            objs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "xe")
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    wait_until(gone, "the Module to be released by its finalizer", timeout=60)
+    wait_gone(
+        lambda: objs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "xe"),
+        "the Module, released by its finalizer,",
+    )
     for n in names:
         assert not [
             k
@@ -529,14 +525,7 @@ def test_deleting_the_namespace_of_a_module_never_deadlocks(
     wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "load")
     core.delete_namespace(ns)
 
-    def ns_gone() -> bool:
-        try:
-            core.read_namespace(ns)
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    wait_until(ns_gone, "the namespace to be deleted", timeout=120)
+    wait_gone(lambda: core.read_namespace(ns), "the namespace", timeout=120)
     for n in a_nodes:
         assert ready not in _labels(kube_api, n)
 

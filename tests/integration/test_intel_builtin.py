@@ -21,14 +21,15 @@ from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import kmm_crds
-from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev import manifests as devmanifests
+from kmodkit_dev.operator import Operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
+from tests.integration import intel_support
 from tests.integration.crds_util import install
+from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION
 
 KERNEL = "7.0.0-14-generic"
-CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
 KMM_CRD = "modules.kmm.sigs.x-k8s.io"
 
 pytestmark = pytest.mark.cluster
@@ -51,31 +52,12 @@ def _push(reg: Registry, reference: str, tmp: Path) -> None:
 @pytest.fixture(scope="module")
 def without_kmm(kube_api: Any) -> None:
     install(kube_api)
-    extensions = client.ApiextensionsV1Api(kube_api)
-    try:
-        extensions.delete_custom_resource_definition(KMM_CRD)
-    except ApiException as err:
-        if err.status != 404:
-            raise
-
-    def gone() -> bool:
-        try:
-            extensions.read_custom_resource_definition(KMM_CRD)
-        except ApiException as err:
-            return err.status == 404
-        return False
-
-    wait_until(gone, "KMM's CRD to be absent")
+    devmanifests.uninstall_crds(kube_api, [{"metadata": {"name": KMM_CRD}}])
 
 
 @pytest.fixture(scope="module")
 def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
-    name = f"ib-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace({"metadata": {"name": name}})
-    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
-    yield name
-    core.delete_namespace(name, propagation_policy="Background")
+    yield from intel_support.operator_namespace(kube_api, "ib", oci_registry)
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +69,7 @@ def operator(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
     log = tmp_path_factory.mktemp("intel-builtin") / "operator.log"
-    with running_operator(
-        kubeconfig,
-        log,
-        KMODKIT_NAMESPACE=operator_namespace,
-        KMODKIT_REGISTRY_CA=str(oci_registry.ca),
-        KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
-    ) as op:
+    with intel_support.intel_operator(kubeconfig, log, operator_namespace, oci_registry) as op:
         yield op
 
 
@@ -101,20 +77,11 @@ def operator(
 def gpu_nodes(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
     tag = uuid.uuid4().hex[:6]
     names = [f"ib-{tag}-{i}" for i in range(2)]
-    devcluster.add_nodes(
-        dev_cluster, [node_manifest(n, KERNEL, {"intel-test": tag}) for n in names]
-    )
-    yield tag, names
-    core = client.CoreV1Api(devcluster.api_client(dev_cluster))
-    for n in names:
-        core.delete_node(n)
+    for made in intel_support.gpu_nodes(dev_cluster, names, [KERNEL, KERNEL], tag):
+        yield tag, made
 
 
-def _status(kube_api: Any, name: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(
-        CP_GROUP, CP_VERSION, CP_PLURAL, name
-    )
-    return dict(obj.get("status") or {})
+_status = intel_support.policy_status
 
 
 def test_builtin_engine_loads_the_driver_and_columns_show_it(

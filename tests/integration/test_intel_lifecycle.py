@@ -21,15 +21,15 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev.operator import Operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
+from tests.integration import intel_support
 from tests.integration.crds_util import install
+from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION
 
 # Two kernels, so one node can have its driver image while the other has none.
 KERNELS = ("7.0.0-14-generic", "6.8.0-45-generic")
-CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
 GROUP, VERSION, MODULES = "kmodkit.io", "v1alpha1", "modules"
 DRIVER = "gpu.intel.com"
 
@@ -38,14 +38,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
-    name = f"il-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(
-        {"metadata": {"name": name, "labels": {"kmodkit.io/operator-namespace": "true"}}}
-    )
-    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
-    yield name
-    core.delete_namespace(name, propagation_policy="Background")
+    labels = {"kmodkit.io/operator-namespace": "true"}
+    yield from intel_support.operator_namespace(kube_api, "il", oci_registry, labels)
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +52,13 @@ def operator(
 ) -> Iterator[Operator]:
     install(kube_api)
     log = tmp_path_factory.mktemp("intel-lifecycle") / "operator.log"
-    with running_operator(
+    with intel_support.intel_operator(
         kubeconfig,
         log,
-        KMODKIT_NAMESPACE=operator_namespace,
+        operator_namespace,
+        oci_registry,
         # The built-in engine whether or not KMM's API is served.
         KMODKIT_INTEL_ENGINE="builtin",
-        KMODKIT_REGISTRY_CA=str(oci_registry.ca),
-        KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
         # An image pushed during a test is found within seconds, not a minute.
         KMODKIT_IMAGE_RECHECK_SECONDS="3",
     ) as op:
@@ -76,14 +69,8 @@ def operator(
 def gpu_nodes(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
     tag = uuid.uuid4().hex[:6]
     names = [f"il-{tag}-{i}" for i in range(len(KERNELS))]
-    devcluster.add_nodes(
-        dev_cluster,
-        [node_manifest(n, k, {"intel-test": tag}) for n, k in zip(names, KERNELS, strict=True)],
-    )
-    yield tag, names
-    core = client.CoreV1Api(devcluster.api_client(dev_cluster))
-    for n in names:
-        core.delete_node(n)
+    for made in intel_support.gpu_nodes(dev_cluster, names, list(KERNELS), tag):
+        yield tag, made
 
 
 def _image(reg: Registry, policy: str) -> str:
@@ -125,11 +112,7 @@ def _modules(kube_api: Any, namespace: str) -> dict[str, dict[str, Any]]:
     return {m["metadata"]["name"]: m for m in items}
 
 
-def _status(kube_api: Any, name: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(
-        CP_GROUP, CP_VERSION, CP_PLURAL, name
-    )
-    return dict(obj.get("status") or {})
+_status = intel_support.policy_status
 
 
 def _patch_spec(kube_api: Any, name: str, patch: dict[str, Any]) -> None:

@@ -22,14 +22,14 @@ from kubernetes import client
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import manifests as devmanifests
 from kmodkit_dev import nfd
-from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev.operator import Operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
+from tests.integration import intel_support
 from tests.integration.crds_util import install
+from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION, policy_status
 
 KERNEL = "7.0.0-14-generic"
-CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
 GPU_PCI = "intel.feature.node.kubernetes.io/gpu-pci"
 GPU = "intel.feature.node.kubernetes.io/gpu"
 B580 = {"vendor": "8086", "class": "0300", "device": "e20b"}
@@ -55,12 +55,7 @@ def nfd_master(
 
 @pytest.fixture(scope="module")
 def operator_namespace(kube_api: Any, oci_registry: Registry) -> Iterator[str]:
-    name = f"nfd-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace({"metadata": {"name": name}})
-    core.create_namespaced_secret(name, oci_registry.pull_secret("pull"))
-    yield name
-    core.delete_namespace(name, propagation_policy="Background")
+    yield from intel_support.operator_namespace(kube_api, "nfd", oci_registry)
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +69,12 @@ def operator(
 ) -> Iterator[Operator]:
     install(kube_api)
     log = tmp_path_factory.mktemp("intel-nfd") / "operator.log"
-    with running_operator(
+    with intel_support.intel_operator(
         kubeconfig,
         log,
-        KMODKIT_NAMESPACE=operator_namespace,
+        operator_namespace,
+        oci_registry,
         KMODKIT_INTEL_ENGINE="builtin",
-        KMODKIT_REGISTRY_CA=str(oci_registry.ca),
-        KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
         KMODKIT_IMAGE_RECHECK_SECONDS="3",
     ) as op:
         yield op
@@ -90,24 +84,12 @@ def operator(
 def gpu_nodes(dev_cluster: devcluster.Cluster) -> Iterator[tuple[str, list[str]]]:
     tag = uuid.uuid4().hex[:6]
     names = [f"nfd-{tag}-{kind}" for kind in ("arc", "other")]
-    devcluster.add_nodes(
-        dev_cluster, [node_manifest(n, KERNEL, {"intel-test": tag}) for n in names]
-    )
-    yield tag, names
-    core = client.CoreV1Api(devcluster.api_client(dev_cluster))
-    for n in names:
-        core.delete_node(n)
+    for made in intel_support.gpu_nodes(dev_cluster, names, [KERNEL, KERNEL], tag):
+        yield tag, made
 
 
 def _labels(kube_api: Any, node: str) -> dict[str, str]:
     return dict(client.CoreV1Api(kube_api).read_node(node).metadata.labels or {})
-
-
-def _status(kube_api: Any, name: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(
-        CP_GROUP, CP_VERSION, CP_PLURAL, name
-    )
-    return dict(obj.get("status") or {})
 
 
 def _loader_nodes(kube_api: Any, namespace: str) -> list[str]:
@@ -182,11 +164,13 @@ def test_nfd_labels_place_the_driver_and_then_the_device_plugin(
         # The driver goes where the device is; the device plugin waits for NFD to
         # see a working driver (gpu=true), which needs the module loaded.
         wait_until(
-            lambda: _status(kube_api, name).get("kmmStatus") == "1/1", "the driver", timeout=90
+            lambda: policy_status(kube_api, name).get("kmmStatus") == "1/1",
+            "the driver",
+            timeout=90,
         )
         assert _loader_nodes(kube_api, operator_namespace) == [arc]
         assert GPU not in _labels(kube_api, arc)
-        assert _status(kube_api, name)["devicePluginStatus"] == "0/0"
+        assert policy_status(kube_api, name)["devicePluginStatus"] == "0/0"
 
         _report(
             kube_api,
@@ -195,7 +179,7 @@ def test_nfd_labels_place_the_driver_and_then_the_device_plugin(
         )
         wait_until(lambda: _labels(kube_api, arc).get(GPU) == "true", "gpu=true", timeout=90)
         wait_until(
-            lambda: _status(kube_api, name).get("devicePluginStatus") == "1/1",
+            lambda: policy_status(kube_api, name).get("devicePluginStatus") == "1/1",
             "the device plugin on the node with a working driver",
             timeout=90,
         )

@@ -18,15 +18,16 @@ from kubernetes import client
 
 from kmodkit_dev import manifests as devmanifests
 from kmodkit_dev import openshift_crds
-from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev.operator import Operator
 from kmodkit_dev.waiting import wait_until
+from tests.integration import intel_support
 from tests.integration.crds_util import install
+from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION
 from tests.integration.test_chart import Helm
 
 pytestmark = pytest.mark.cluster
 
 SCC = ("security.openshift.io", "v1", "securitycontextconstraints")
-CP_GROUP, CP_VERSION, CP_PLURAL = "intel.com", "v1alpha1", "clusterpolicies"
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +40,8 @@ def openshift_api(kube_api: Any) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def operator_namespace(kube_api: Any) -> Iterator[str]:
-    name = f"ocp-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(
-        {"metadata": {"name": name, "labels": {"resource.kubernetes.io/admin-access": "true"}}}
-    )
-    yield name
-    core.delete_namespace(name, propagation_policy="Background")
+    labels = {"resource.kubernetes.io/admin-access": "true"}
+    yield from intel_support.operator_namespace(kube_api, "ocp", labels=labels)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +54,7 @@ def operator(
 ) -> Iterator[Operator]:
     install(kube_api)
     log = tmp_path_factory.mktemp("intel-openshift") / "operator.log"
-    with running_operator(kubeconfig, log, KMODKIT_NAMESPACE=operator_namespace) as op:
+    with intel_support.intel_operator(kubeconfig, log, operator_namespace) as op:
         yield op
 
 
