@@ -65,6 +65,30 @@ def gpu_nodes(
         core.delete_node(n)
 
 
+# The kernels of the test nodes (Ubuntu's 7.0 and 6.8).
+TEST_KERNELS = "^(7[.]0[.]0|6[.]8[.]0)-.*-generic$"
+
+
+def policy(
+    name: str, tag: str, image: str, spec: Mapping[str, Any] | None = None, **kernel_module: Any
+) -> dict[str, Any]:
+    """A ClusterPolicy in dp mode for the nodes labelled ``intel-test=<tag>``, its driver
+    image ``image`` for every test kernel (with ``kernel_module``'s fields, and ``spec``'s)."""
+    mapping = {"regexp": TEST_KERNELS, "containerImage": image}
+    return {
+        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceRegistration": "dp",
+            "nodeSelector": {"intel-test": tag},
+            "pullSecret": {"name": "pull"},
+            "kernelModule": {"kernelMappings": [mapping], **kernel_module},
+            **(spec or {}),
+        },
+    }
+
+
 def policy_status(kube_api: Any, name: str) -> dict[str, Any]:
     obj = client.CustomObjectsApi(kube_api).get_cluster_custom_object(
         CP_GROUP, CP_VERSION, CP_PLURAL, name

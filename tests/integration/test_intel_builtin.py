@@ -96,25 +96,8 @@ def test_builtin_engine_loads_the_driver_and_columns_show_it(
     tag, nodes = gpu_nodes
     name = f"xe{tag}"
     _push(oci_registry, f"{oci_registry.host}/kmods/xe:{KERNEL}", tmp_path)
-    policy = {
-        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "resourceRegistration": "dp",
-            "nodeSelector": {"intel-test": tag},
-            "pullSecret": {"name": "pull"},
-            "kernelModule": {
-                "firmwarePath": "/firmware",
-                "kernelMappings": [
-                    {
-                        "regexp": "^7[.]0[.]0-.*-generic$",
-                        "containerImage": f"{oci_registry.host}/kmods/xe:$KERNEL_FULL_VERSION",
-                    }
-                ],
-            },
-        },
-    }
+    image = f"{oci_registry.host}/kmods/xe:$KERNEL_FULL_VERSION"
+    policy = intel_support.policy(name, tag, image, firmwarePath="/firmware")
     objects = client.CustomObjectsApi(kube_api)
     objects.create_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, policy)
     try:
@@ -185,24 +168,7 @@ def test_kmm_installed_live_takes_over_only_once_it_serves_and_nothing_unloads(
     _push(oci_registry, f"{oci_registry.host}/kmods/xe:{KERNEL}", tmp_path)
     objects = client.CustomObjectsApi(kube_api)
     core = client.CoreV1Api(kube_api)
-    policy = {
-        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "resourceRegistration": "dp",
-            "nodeSelector": {"intel-test": tag},
-            "pullSecret": {"name": "pull"},
-            "kernelModule": {
-                "kernelMappings": [
-                    {
-                        "regexp": "^7[.]0[.]0-.*-generic$",
-                        "containerImage": f"{oci_registry.host}/kmods/xe:$KERNEL_FULL_VERSION",
-                    }
-                ],
-            },
-        },
-    }
+    policy = intel_support.policy(name, tag, f"{oci_registry.host}/kmods/xe:$KERNEL_FULL_VERSION")
 
     def labelled() -> bool:
         return all(ready in (core.read_node(n).metadata.labels or {}) for n in nodes)

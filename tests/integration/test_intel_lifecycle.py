@@ -78,25 +78,7 @@ def _image(reg: Registry, policy: str) -> str:
 
 
 def _policy(name: str, tag: str, reg: Registry, **kernel_module: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "resourceRegistration": "dp",
-            "nodeSelector": {"intel-test": tag},
-            "pullSecret": {"name": "pull"},
-            "kernelModule": {
-                "kernelMappings": [
-                    {
-                        "regexp": "^(7[.]0[.]0|6[.]8[.]0)-.*-generic$",
-                        "containerImage": _image(reg, name),
-                    }
-                ],
-                **kernel_module,
-            },
-        },
-    }
+    return intel_support.policy(name, tag, _image(reg, name), **kernel_module)
 
 
 def _create(kube_api: Any, policy: dict[str, Any]) -> None:

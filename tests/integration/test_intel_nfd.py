@@ -128,27 +128,8 @@ def test_nfd_labels_place_the_driver_and_then_the_device_plugin(
     oci_registry.push(f"{oci_registry.host}/kmods/xe-{name}:{KERNEL}")
     _report(kube_api, operator_namespace, nfd.node_feature(arc, operator_namespace, [B580]))
     _report(kube_api, operator_namespace, nfd.node_feature(other, operator_namespace, [OTHER]))
-    policy = {
-        "apiVersion": f"{CP_GROUP}/{CP_VERSION}",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "resourceRegistration": "dp",
-            "useNFDLabeling": True,
-            "nodeSelector": {"intel-test": tag},
-            "pullSecret": {"name": "pull"},
-            "kernelModule": {
-                "kernelMappings": [
-                    {
-                        "regexp": "^7[.]0[.]0-.*-generic$",
-                        "containerImage": (
-                            f"{oci_registry.host}/kmods/xe-{name}:$KERNEL_FULL_VERSION"
-                        ),
-                    }
-                ]
-            },
-        },
-    }
+    image = f"{oci_registry.host}/kmods/xe-{name}:$KERNEL_FULL_VERSION"
+    policy = intel_support.policy(name, tag, image, spec={"useNFDLabeling": True})
     objects = client.CustomObjectsApi(kube_api)
     objects.create_cluster_custom_object(CP_GROUP, CP_VERSION, CP_PLURAL, policy)
     try:
