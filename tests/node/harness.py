@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
 from tests.node.simulated_kernel import SimulatedKernel, write_module
 
+REPO = Path(__file__).resolve().parents[2]
 TOP = "tenstorrent"
 DEP = "tt_helper"
 DEVICE = "/dev/tenstorrent/0"
@@ -128,6 +131,28 @@ class Node:
 
     def kmod_calls(self, tool: str) -> list[tuple[str, ...]]:
         return [c for c in self.kernel.calls if c[0] == tool]
+
+    def run_agent(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """The real ``kmodkit-agent run`` process on this node, built on the node (so
+        no image to read with modinfo: no kmod tools needed), its JSON lines on stdout."""
+        config_file = self.config_file(build={"command": ["false"], "cacheDir": "/var/cache/tt"})
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from kmodkit.agent.cli import main; main()",
+                "--host-root",
+                str(self.root),
+                "--config",
+                str(config_file),
+                "run",
+                *args,
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def write_host(self, host_path: str, text: str = "") -> Path:
         target = self.root / host_path.lstrip("/")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -212,22 +210,7 @@ def test_the_real_process_stops_cleanly_on_sigterm(node: Node, host_managed: boo
     node.preload_pair("2.9.0")
     if host_managed:
         node.write_host("/usr/src/tenstorrent-2.9.0/dkms.conf")
-    config_file = node.config_file(build={"command": ["false"], "cacheDir": "/var/cache/tt"})
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from kmodkit.agent.cli import main; main()",
-            "--host-root",
-            str(node.root),
-            "--config",
-            str(config_file),
-            "run",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = node.run_agent()
     assert process.stdout is not None
     output = []
     for line in process.stdout:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -116,29 +114,15 @@ def test_an_answer_the_loop_stopped_refreshing_is_not_ready() -> None:
 def test_the_real_process_answers_on_its_readiness_port_and_holds_its_copy(node: Node) -> None:
     # Loaded and built on the node (no image to read with modinfo): no kmod tools needed.
     node.preload_pair("2.9.0")
-    config_file = node.config_file(build={"command": ["false"], "cacheDir": "/var/cache/tt"})
     server = serve_readiness(Readiness(stale_after=1), 0, "127.0.0.1")
     port = server.server_address[1]
     server.shutdown()
     server.server_close()  # a port that was free a moment ago
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from kmodkit.agent.cli import main; main()",
-            "--host-root",
-            str(node.root),
-            "--config",
-            str(config_file),
-            "run",
-            "--readiness-port",
-            str(port),
-            "--readiness-host",
-            "127.0.0.1",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
+    process = node.run_agent(
+        "--readiness-port",
+        str(port),
+        "--readiness-host",
+        "127.0.0.1",
         env={**os.environ, STAGING_ENV: f"{STAGING_ROOT}/drivers.tt/uid-1"},
     )
     copy = node.host.path(f"{STAGING_ROOT}/drivers.tt/uid-1")
