@@ -20,8 +20,6 @@ from kmodkit.agent.host_lock import LockTimeout, host_lock
 from kmodkit.agent.lifecycle import serve
 from tests.node.harness import DEP, DEVICE, TOP, Node
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def agent_cli(node: Node, *args: str, **config: Any) -> Result:
     config_file = node.config_file(**config)

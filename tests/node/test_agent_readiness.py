@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,6 @@ from kmodkit.agent.lifecycle import serve
 from kmodkit.agent.readiness import Readiness, serve_readiness
 from kmodkit.agent.staging import STAGING_ENV, STAGING_ROOT, prune
 from tests.node.harness import DEP, DEVICE, TOP, Node
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def probe(port: int) -> tuple[int, str]:
