@@ -1,13 +1,15 @@
-"""What happens to the policy's Module on this pass: apply, hold, remove or recreate.
+"""What happens to the policy's Module on this pass: apply, hold, remove, recreate or
+hand over to the other engine.
 
 Pure and stateless: every decision is read from the desired Module and the
 Modules the policy owns right now, so a restarted operator carries on where
 the last one stopped.
 
-- KMM refuses to switch ``version`` between empty and set on a live Module,
-  and a switch of engine must not leave two engines driving the same nodes.
-  Both are done by deleting the Module and creating it again once it is gone
+- KMM refuses to switch ``version`` between empty and set on a live Module:
+  that is done by deleting the Module and creating it again once it is gone
   (``Recreating``); a version bump with both set is applied in place.
+- A switch of engine runs both engines' Modules until the new one serves every
+  node, then lets the old one go without a moment unserved (``_switch``).
 - Removing ``kernelModule`` deletes the Module (``Removing``), and the engine
   unloads the driver.
 - While a GPU ResourceClaim is allocated, a Module that would be deleted is
@@ -88,7 +90,7 @@ def _applied(desired: dict[str, Any], live: Obj | None) -> ModuleOutcome:
         errors.append(_awaiting_labels(desired, version))
     return ModuleOutcome(
         [desired],
-        f"{available}/{wanted}",
+        _column(live),
         errors,
         serving=_ENGINE_NAMES[desired["apiVersion"]],
     )
@@ -113,10 +115,9 @@ def _awaiting_labels(module: Mapping[str, Any], version: str) -> str:
 
 
 def _hold(alive: list[Obj], errors: list[str]) -> ModuleOutcome:
-    available, wanted = _counts(alive[0])
     return ModuleOutcome(
         [held(m) for m in alive],
-        f"{available}/{wanted}",
+        _column(alive[0]),
         errors,
         serving=_ENGINE_NAMES[alive[0]["apiVersion"]],
     )
@@ -207,10 +208,9 @@ def _switch(
         elif claims:
             kept.append(held(other))
             errors.append(_blocked(other, f"deletion for the switch to {new}"))
-    available, wanted = _counts(same)
     return ModuleOutcome(
         [desired, *kept],
-        f"{available}/{wanted}",
+        _column(same),
         errors,
         RECHECK_SECONDS,
         serving=new,
