@@ -302,6 +302,8 @@ def test_operator_runs_every_backend_with_only_the_charts_permissions(
         "--set", f"namespace.name={fleet.ns}",
         # The built-in engine whether or not KMM's API is served; images found within seconds.
         "--set", "controller.env.KMODKIT_INTEL_ENGINE=builtin,controller.imageRecheckSeconds=3",
+        # Other tests applied the admission policies from crds/, outside any release.
+        "--take-ownership",
     )  # fmt: skip
     try:
         _drive(dev_cluster, kubeconfig, kube_api, namespace, oci_registry, fleet, tmp_path)
