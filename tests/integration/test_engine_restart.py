@@ -152,4 +152,7 @@ def test_a_restart_on_a_node_cache_still_filling_unloads_nothing(
                     ]
                 ),
                 "the Module to be unloaded and deleted",
+                # The joined node's pod holds the finalizer until the pod garbage collector
+                # removes it (it looks every 20 s, at nodes gone for 40 s).
+                timeout=150,
             )
