@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit_dev import build
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_chart import CHART, Helm
+from tests.unit.examples import minimal
 
 pytestmark = pytest.mark.cluster
 
@@ -79,21 +80,10 @@ def _served(kube_api: Any, field: str) -> bool:
 
 
 def _module(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Module",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"crd-upgrade-test": "none"},
-            "moduleLoader": {
-                "container": {
-                    "modprobe": {"moduleName": "xe"},
-                    "kernelMappings": [{"regexp": ".*", "containerImage": "r.io/xe:1"}],
-                }
-            },
-            **spec,
-        },
-    }
+    body = minimal()
+    body["metadata"] = {"name": name, "namespace": namespace}
+    body["spec"] |= {"selector": {"crd-upgrade-test": "none"}, **spec}
+    return body
 
 
 def test_new_crds_applied_the_documented_way_keep_every_module(

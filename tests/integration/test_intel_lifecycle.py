@@ -27,6 +27,7 @@ from kmodkit_dev.waiting import wait_until
 from tests.integration import intel_support
 from tests.integration.crds_util import install
 from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION
+from tests.unit.examples import minimal
 
 # Two kernels, so one node can have its driver image while the other has none.
 KERNELS = ("7.0.0-14-generic", "6.8.0-45-generic")
@@ -520,20 +521,9 @@ def _reconcile_errors(status: dict[str, Any]) -> list[str]:
 
 def _refused(kube_api: Any, namespace: str, module: str) -> bool:
     """Whether a (dry-run) Module of that name is refused now."""
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Module",
-        "metadata": {"name": module, "namespace": namespace},
-        "spec": {
-            "selector": {"nothing": "here"},
-            "moduleLoader": {
-                "container": {
-                    "modprobe": {"moduleName": "xe"},
-                    "kernelMappings": [{"regexp": ".*", "containerImage": "r.io/xe:1"}],
-                }
-            },
-        },
-    }
+    body = minimal()
+    body["metadata"] = {"name": module, "namespace": namespace}
+    body["spec"]["selector"] = {"nothing": "here"}
     try:
         client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
             GROUP, VERSION, namespace, MODULES, body, dry_run="All"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,7 +120,6 @@ def test_nfd_labels_place_the_driver_and_then_the_device_plugin(
     operator_namespace: str,
     oci_registry: Registry,
     gpu_nodes: tuple[str, list[str]],
-    tmp_path: Path,
 ) -> None:
     tag, (arc, other) = gpu_nodes
     name = f"nfd{tag}"
