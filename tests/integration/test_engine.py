@@ -501,13 +501,15 @@ def test_readiness_label_follows_what_is_really_loaded(
     wait_until(lambda: ready not in _labels(kube_api, a0), "the label to go with the module")
     _set_pod_ready(kube_api, namespace, pod, True)
     wait_until(lambda: ready in _labels(kube_api, a0), "the label to return on reload")
-    events = (
-        client.CoreV1Api(kube_api)
-        .list_namespaced_event("default", field_selector=f"involvedObject.name={a0}")
-        .items
-    )
-    reasons = {e.reason for e in events if f"{namespace}/rb" in (e.message or "")}
-    assert {"ModuleLoaded", "ModuleUnloaded"} <= reasons
+    # Loaded twice is one Event counted twice (kubectl shows "x2"), on the node and
+    # on the Module.
+    on_node = _events(kube_api, "default", a0, f"{namespace}/rb")
+    on_module = _events(kube_api, namespace, "rb", f"node {a0}")
+    for events in (on_node, on_module):
+        assert sorted((e.reason, e.count) for e in events) == [
+            ("ModuleLoaded", 2),
+            ("ModuleUnloaded", 1),
+        ], events
 
 
 def test_deleting_the_namespace_of_a_module_never_deadlocks(
@@ -569,6 +571,10 @@ def test_a_retired_node_keeps_its_module_until_gated_pods_leave(
         pod = _pods(kube_api, namespace).get(node)
         assert pod is not None and pod.metadata.name == loader, "unloaded under a gated pod"
         assert pod.metadata.deletion_timestamp is None, "unloading under a gated pod"
+        # The held unload is told once on each object, however many passes saw it.
+        for about, ns in ((node, "default"), ("ret", namespace)):
+            (held,) = [e for e in _events(kube_api, ns, about) if "holder" in e.message]
+            assert (held.reason, held.type, held.count) == ("UnloadHeld", "Normal", 1)
         core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)
         wait_until(lambda: node not in _pods(kube_api, namespace), "the unload", timeout=60)
     finally:
@@ -629,6 +635,10 @@ def test_a_failed_unload_keeps_the_finalizer_and_names_the_holder(
         )
         threading.Event().wait(5)  # several passes: the finalizer must hold
         assert _module_exists(kube_api, namespace, "uf"), "released with the module loaded"
+        for about, ns in ((node, "default"), ("uf", namespace)):
+            refused = [e for e in _events(kube_api, ns, about) if e.reason == "UnloadFailed"]
+            assert [(e.type, e.count) for e in refused] == [("Warning", 1)], refused
+            assert "pid 4242" in refused[0].message
 
         core.patch_namespaced_pod_status(unloader, namespace, {"status": {"phase": "Succeeded"}})
         # A finished pod is deleted at once, with no kubelet to wait for.
@@ -722,6 +732,13 @@ def _build_jobs(kube_api: Any, namespace: str) -> dict[str, Any]:
     batch: Any = client.BatchV1Api(kube_api)
     items = batch.list_namespaced_job(namespace).items
     return {j.metadata.annotations.get("kmodkit.io/build-attempt"): j for j in items}
+
+
+def _events(kube_api: Any, namespace: str, about: str, mentioning: str = "") -> list[Any]:
+    """The Events about the object named ``about`` whose message mentions ``mentioning``."""
+    core: Any = client.CoreV1Api(kube_api)
+    items = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={about}")
+    return [e for e in items.items if mentioning in (e.message or "")]
 
 
 def _event_reasons(kube_api: Any, namespace: str, about: str) -> list[str]:

@@ -104,6 +104,8 @@ class LoaderPlan:
     outcomes: list[NodeOutcome] = field(default_factory=list)
     awaiting_consumers: list[str] = field(default_factory=list)
     """Nodes about to unload whose gated pods the plan was not told about."""
+    held: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Nodes whose unload waits for pods gated on the readiness label, and those pods."""
     needed_images: dict[str, ResolvedMapping] = field(default_factory=dict)
     """Images targeted nodes need, with one resolution each (for checks and builds)."""
     nodes_by_image: dict[str, list[NodeView]] = field(default_factory=dict)
@@ -261,6 +263,8 @@ class NodeStep:
     """The mapping the node should run, when it should run one (for checks and builds)."""
     awaiting_consumers: bool = False
     """The node may unload once the caller says which pods are gated on its label."""
+    held_by: tuple[str, ...] = ()
+    """The pods gated on the readiness label that the node's unload waits for."""
 
 
 @dataclass(frozen=True)
@@ -691,6 +695,7 @@ def _unload(
         unavailable=True,
         image=update.image,
         awaiting_consumers=under_way and holders is None,
+        held_by=tuple(holders or ()),
     )
 
 
@@ -712,7 +717,7 @@ def _unloader(node: NodeView, pods: NodePods, ctx: Context, targeted: bool) -> N
         failed = unloader.restarts > 0 and bool(unloader.problem)
         reason, phase = (UNLOAD_FAILED, Phase.FAILED) if failed else ("Unloading", Phase.UPDATING)
         message = (
-            f"unloading failed {unloader.restarts} time(s), trying again: {unloader.problem}"
+            f"unloading failed, trying again: {unloader.problem}"
             if failed
             else f"unloader pod {unloader.name} is unloading the module"
         )
@@ -788,7 +793,11 @@ def _retire(
     holders = _holders(node, ctx)
     if unlabel or holders is None or holders:
         return NodeStep(
-            node.name, outcome, unlabel, awaiting_consumers=not unlabel and holders is None
+            node.name,
+            outcome,
+            unlabel,
+            awaiting_consumers=not unlabel and holders is None,
+            held_by=tuple(holders or ()),
         )
     return NodeStep(
         node.name,
@@ -843,3 +852,5 @@ def _apply(out: LoaderPlan, step: NodeStep) -> None:
         out.deletes_by_node.setdefault(step.node, []).extend(step.delete)
     if step.awaiting_consumers:
         out.awaiting_consumers.append(step.node)
+    if step.held_by:
+        out.held[step.node] = step.held_by

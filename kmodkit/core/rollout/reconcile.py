@@ -17,9 +17,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit.core import events
 from kmodkit.core.contract.hooks import Obj, RolloutHooks
 from kmodkit.core.contract.policy import UpgradePolicy
-from kmodkit.core.rollout import apply, events
+from kmodkit.core.rollout import apply
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, node_view_from, pod_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
@@ -175,12 +176,9 @@ def _move(
     run.applied.append(step)
     reason, message = _describe(step, policy_id)
     log.info(message)
+    recorder = events.Recorder(core)  # a refused event is logged; the pass goes on
     for ref in [events.node_reference(node), *([dict(involved)] if involved else [])]:
-        try:
-            events.emit(core, ref, reason, message, warning=step.after is State.FAILED)
-            run.writes += 1
-        except Exception as err:
-            run.error(f"recording an event for {step.node}", err)
+        recorder.post(ref, reason, message, warning=step.after is State.FAILED)
 
 
 def reconcile(

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit.core.events import Recorder
 from kmodkit.core.labels import FIELD_MANAGER
 
 log = logging.getLogger("kmodkit.kube")
@@ -47,6 +47,7 @@ class Kube:
         self.batch: Any = client.BatchV1Api(api)
         self.apps: Any = client.AppsV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        self.events = Recorder(self.core)
 
     def create(self, obj: Mapping[str, Any]) -> None:
         ns = obj["metadata"]["namespace"]
@@ -177,40 +178,14 @@ class Kube:
     def event(
         self,
         involved: Mapping[str, Any],
-        kind: str,
         reason: str,
         message: str,
-        namespace: str,
+        *,
         warning: bool = False,
-        name: str | None = None,
+        repeat_after: float = 0.0,
     ) -> bool:
-        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name, uid).
-
-        Whether it was posted; a refused event is logged, never raised. A ``name``
-        makes it once-only: posting it again is refused, and counts as posted.
-        """
-        now = datetime.now(UTC)
-        ref = {k: v for k, v in involved.items() if v}
-        identity = {"name": name} if name else {"generateName": f"{ref.get('name', 'kmodkit')}."}
-        body = {
-            "metadata": {**identity, "namespace": namespace},
-            "involvedObject": ref,
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "kmodkit"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": "kmodkit",
-        }
-        try:
-            self.core.create_namespaced_event(namespace, body)
-        except ApiException as e:  # an event is never worth failing a pass for
-            if e.status == 409 and name:
-                return True
-            log.warning(
-                "could not post event %s on %s %s: %s", reason, kind, ref.get("name"), e.reason
-            )
-            return False
-        return True
+        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name,
+        uid, namespace), deduplicated (see ``kmodkit.core.events``); whether it is posted."""
+        return self.events.post(
+            involved, reason, message, warning=warning, repeat_after=repeat_after
+        )

@@ -11,7 +11,6 @@ cluster on every pass, so the operator can be killed at any moment.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import time
@@ -45,7 +44,6 @@ from kmodkit.core.engine.device_plugin import (
 from kmodkit.core.engine.images import parse_image_reference
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import (
-    UNLOAD_FAILED,
     ImageState,
     LoaderPlan,
     gated_on,
@@ -61,6 +59,7 @@ from kmodkit.core.engine.loader_pod import (
     loader_pod_view,
 )
 from kmodkit.core.engine.module_status import module_status
+from kmodkit.core.engine.node_events import node_decisions
 from kmodkit.core.engine.registry import (
     DEFAULT_TIMEOUT_SECONDS,
     Answer,
@@ -70,6 +69,8 @@ from kmodkit.core.engine.registry import (
     check,
     read_pull_secret,
 )
+from kmodkit.core.events import CONDITION_REPEAT_SECONDS as REPORT_AGAIN
+from kmodkit.core.events import ONCE
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
@@ -250,7 +251,7 @@ class ModuleController:
         except ValidationError as err:
             # Nothing can be planned, but the labels still follow the pods.
             follow = LoaderPlan(node_labels=labels_follow_pods(ns, name, nodes, pods))
-            self._label_nodes(follow.node_labels, ns, name)
+            self._label_nodes(follow.node_labels, body)
             self._write_status(body, module_status(body, follow, invalid=str(err)))
             return None
         first = plan(module, nodes, pods, {}, self.settings.loader)
@@ -290,12 +291,14 @@ class ModuleController:
             failures += self._attempt(
                 f"deleting Job {ns}/{job_name}", self.kube.delete_job, ns, job_name
             )
-        # A namespaced object's Event must name its namespace, or it is refused.
-        module_ref = {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns}
         unposted = set()
         for event in builds.events:
             if not self.kube.event(
-                module_ref, "Module", event.reason, event.message, ns, event.warning
+                _module_ref(body),
+                event.reason,
+                event.message,
+                warning=event.warning,
+                repeat_after=ONCE,
             ):
                 unposted.add(event.job)
         # Recorded on each Job only once its events are posted: a restart in between, or
@@ -313,13 +316,11 @@ class ModuleController:
                 )
         failures += self._apply_pods(final, owner, ns)
         failures += self._label_nodes(
-            _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
-            ns,
-            name,
+            _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []), body
         )
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
         failures += self._apply_device_plugin(plugin, owner, ns)
-        self._report_unload_failures(final, body)
+        self._report_decisions(final, body)
         self._report_failures(body, "ApplyFailed", failures)
         metrics.node_states(PLURAL, f"{ns}/{name}", Counter(o.phase.value for o in final.outcomes))
         status = module_status(body, final, apply_failures=failures)
@@ -427,31 +428,29 @@ class ModuleController:
     def _report_failures(
         self, body: Mapping[str, Any], reason: str, messages: Iterable[str]
     ) -> None:
-        meta = body.get("metadata") or {}
-        ns, name = meta.get("namespace", ""), meta.get("name", "")
         for message in messages:
-            # Named after what failed: one Event per distinct failure, not one per pass.
-            digest = hashlib.sha256(f"{reason}\0{message}".encode()).hexdigest()
             self.kube.event(
-                {**MODULE_REF, "name": name, "uid": meta.get("uid"), "namespace": ns},
-                "Module",
-                reason,
-                message,
-                ns,
-                warning=True,
-                name=f"{name}.{reason.lower()}.{digest[:16]}",
+                _module_ref(body), reason, message, warning=True, repeat_after=REPORT_AGAIN
             )
 
-    def _report_unload_failures(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
-        self._report_failures(
-            body,
-            UNLOAD_FAILED,
-            (f"node {o.node}: {o.message}" for o in final.outcomes if o.reason == UNLOAD_FAILED),
-        )
+    def _report_decisions(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
+        """A node failed or held back: told on the Module and on the node."""
+        meta = body.get("metadata") or {}
+        module = f"{meta.get('namespace')}/{meta.get('name')}"
+        for d in node_decisions(final):
+            about = [(_module_ref(body), f"node {d.node}: {d.message}")]
+            if (view := self.nodes.get(d.node)) is not None:
+                about.append((_node_ref(view), f"Module {module}: {d.message}"))
+            for ref, message in about:
+                self.kube.event(
+                    ref, d.reason, message, warning=d.warning, repeat_after=REPORT_AGAIN
+                )
 
     def _label_nodes(
-        self, changes: Mapping[str, Mapping[str, str | None]], ns: str, name: str
+        self, changes: Mapping[str, Mapping[str, str | None]], body: Mapping[str, Any]
     ) -> list[str]:
+        meta = body.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
         failures = []
         for node, change in sorted(changes.items()):
@@ -461,13 +460,10 @@ class ModuleController:
             if refused or ready_key not in change or view is None:
                 continue
             loaded = change[ready_key] is not None
-            self.kube.event(
-                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": view.uid},
-                "Node",
-                "ModuleLoaded" if loaded else "ModuleUnloaded",
-                f"Module {ns}/{name} {'loaded into' if loaded else 'unloaded from'} the kernel",
-                "default",
-            )
+            reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
+            done = "loaded into" if loaded else "unloaded from"
+            self.kube.event(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
+            self.kube.event(_module_ref(body), reason, f"{done} the kernel of node {node}")
         return failures
 
     @staticmethod
@@ -534,9 +530,9 @@ class ModuleController:
         owner = controller_reference({**body, **MODULE_REF})
         failures = self._apply_pods(removal, owner, ns)
         failures += self._label_nodes(
-            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), ns, name
+            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body
         )
-        self._report_unload_failures(removal, body)
+        self._report_decisions(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
         if pods:
             unseen = sorted({p.node for p in pods if p.node not in seen})
@@ -546,6 +542,16 @@ class ModuleController:
             raise kopf.TemporaryError(
                 f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
+
+
+def _module_ref(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    # A namespaced object's Event must name its namespace, or it is refused.
+    return {**MODULE_REF, **{k: meta.get(k) for k in ("name", "namespace", "uid")}}
+
+
+def _node_ref(view: NodeView) -> dict[str, str]:
+    return {"apiVersion": "v1", "kind": "Node", "name": view.name, "uid": view.uid}
 
 
 def _with_plugin_labels(

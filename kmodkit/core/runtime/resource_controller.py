@@ -21,6 +21,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from kmodkit.core import labels
 from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.events import CONDITION_REPEAT_SECONDS
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
@@ -276,11 +277,10 @@ class ResourceController:
                         "uid": meta.get("uid"),
                         "namespace": meta.get("namespace"),
                     },
-                    str(owner.get("kind")),
                     "ApplyFailed",
                     f"{what}: {reason}",
-                    meta.get("namespace") or "default",
                     warning=True,
+                    repeat_after=CONDITION_REPEAT_SECONDS,
                 )
         return failed
 

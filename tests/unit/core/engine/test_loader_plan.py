@@ -197,7 +197,9 @@ def test_unload_waits_for_pods_gated_on_the_ready_label() -> None:
     assert p.awaiting_consumers == ["a"] and not p.delete
     p = plan(m_new, [n], pods, all_exist(m_new, [n]), SETTINGS, {"a": ["kube-system/dp-x"]})
     assert not p.delete and "kube-system/dp-x" in outcome(p, "a").message
+    assert p.held == {"a": ("kube-system/dp-x",)}
     p = plan(m_new, [n], pods, all_exist(m_new, [n]), SETTINGS, {"a": []})
+    assert p.held == {}
     assert p.delete == [pods[0].name]
 
 
@@ -396,6 +398,7 @@ def test_a_retired_node_keeps_its_module_while_pods_gated_on_its_labels_remain()
     assert p.delete == [] and p.awaiting_consumers == ["a"]
     p = plan(m, [gone_labels], [pod], {}, SETTINGS, {"a": ["kube-system/xe-device-plugin"]})
     assert p.delete == [] and p.awaiting_consumers == []
+    assert p.held == {"a": ("kube-system/xe-device-plugin",)}
     p = plan(m, [gone_labels], [pod], {}, SETTINGS, {"a": []})
     assert p.delete == [pod.name]
 

@@ -45,11 +45,11 @@ class RecordingKube:
     def event(
         self,
         involved: Mapping[str, Any],
-        kind: str,
         reason: str,
         message: str,
-        namespace: str,
+        *,
         warning: bool = False,
+        repeat_after: float = 0.0,
     ) -> bool:
         self.calls.append(("event", reason))
         return reason not in self.refused
