@@ -70,7 +70,8 @@ class UpgradePolicy(KubeModel):
     """Nodes in progress (cordoned through uncordoning) at once."""
     max_unavailable: int | str = "25%"
     """Targeted nodes that may be unavailable at once, counting nodes already cordoned or
-    NotReady for any reason: a count, or a percentage of the targeted nodes rounded up."""
+    NotReady for any reason except those the rollout is through with (done, or failed for
+    this target): a count, or a percentage of the targeted nodes rounded up."""
     halt_on_failure: bool = True
     """Start no new node while any targeted node is failed."""
     deploy_gates: dict[str, str] = Field(default_factory=dict, max_length=32)

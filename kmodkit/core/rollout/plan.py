@@ -419,13 +419,28 @@ def _advance(view: NodeView, ctx: Context) -> Step | None:
     return handler(view, ctx) if handler else None
 
 
-def budget_of(views: Iterable[NodeView], policy: UpgradePolicy) -> Budget:
+def _through_with(view: NodeView, ctx: Context) -> bool:
+    """The rollout has finished with this node, and this pass does not take it back."""
+    if view.state is State.DONE:
+        return not view.needs_update
+    return view.state is State.FAILED and view.record.target == ctx.target
+
+
+def budget_of(views: Iterable[NodeView], ctx: Context) -> Budget:
+    """In flight, and unavailable: in flight, or cordoned or NotReady for any reason,
+    except on a node the rollout is through with. A node left cordoned by its admin
+    after its upgrade, or kept cordoned because it failed (which halts the rollout
+    when ``haltOnFailure`` says so), would otherwise hold a slot forever."""
     views = list(views)
     return Budget(
-        max_parallel=policy.max_parallel,
+        max_parallel=ctx.policy.max_parallel,
         in_progress=sum(1 for v in views if v.state in IN_FLIGHT),
-        max_unavailable=policy.max_unavailable_nodes(len(views)),
-        unavailable=sum(1 for v in views if not v.available or v.state in IN_FLIGHT),
+        max_unavailable=ctx.policy.max_unavailable_nodes(len(views)),
+        unavailable=sum(
+            1
+            for v in views
+            if v.state in IN_FLIGHT or (not v.available and not _through_with(v, ctx))
+        ),
     )
 
 
@@ -455,7 +470,7 @@ def _starts(views: Sequence[NodeView], ctx: Context, budget: Budget) -> list[Ste
 
 def plan(views: Sequence[NodeView], ctx: Context) -> Plan:
     """One pass: a step for every node that has something to do."""
-    budget = budget_of(views, ctx.policy)
+    budget = budget_of(views, ctx)
     halted = is_halted(views, ctx.policy)
     steps = []
     for view in views:

@@ -132,6 +132,30 @@ def test_nodes_cordoned_or_not_ready_outside_the_rollout_use_up_max_unavailable(
     assert [s.node for s in steps] == ["n00"]
 
 
+def test_nodes_the_rollout_is_through_with_hold_no_unavailability() -> None:
+    # Upgraded and left cordoned by its admin; failed and kept cordoned (no halt).
+    views = [
+        node("admin", State.DONE, unschedulable=True, needs_update=False),
+        node("broken", State.FAILED, unschedulable=True, record=record()),
+        *_required(2),
+    ]
+    policy = UpgradePolicy(max_parallel=5, max_unavailable=1, halt_on_failure=False)
+    assert [s.node for s in run(views, policy).steps] == ["n00"]
+
+
+def test_a_finished_node_taken_back_this_pass_counts_again() -> None:
+    # Failed for an earlier target, kept cordoned: this pass retries it, so it is
+    # unavailable and in the rollout again, and no available node may start beside it.
+    retried = node("broken", State.FAILED, unschedulable=True, record=record(target="2.7.0"))
+    upgraded = node("admin", State.DONE, unschedulable=True)  # the target moved on
+    policy = UpgradePolicy(max_parallel=5, max_unavailable=2, halt_on_failure=False)
+    steps = run([retried, upgraded, *_required(1)], policy).steps
+    assert [(s.node, s.after) for s in steps] == [
+        ("broken", State.REQUIRED),
+        ("admin", State.REQUIRED),
+    ]
+
+
 def test_a_percentage_budget_rounds_up() -> None:
     steps = run(_required(10), UpgradePolicy(max_parallel=10, max_unavailable="25%")).steps
     assert len(steps) == 3

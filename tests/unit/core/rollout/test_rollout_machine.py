@@ -1,0 +1,384 @@
+"""The rollout planner over many passes: a stateful property test.
+
+Hypothesis drives a simulated fleet (raw Node objects, pods, a backend whose
+swap is idempotent) through arbitrary interleavings of operator passes, kills
+in the middle of a pass (only a prefix of its writes lands, and a kill can fall
+between a swap and the write that records it), pod and node events, admin
+cordons and the clock. Every pass goes through the product's own path: views
+from the raw nodes (``node_view_from``), ``plan``, and the merge patches of
+``apply.patch_body``. The simulated cluster and backend are stand-ins for the
+apiserver and a driver; what is under test is the planner's decisions.
+
+Safety, checked at every write: the in-flight and unavailability budgets, legal
+state moves only, an admin's cordon never lifted, the swap hook called only in
+``swapping`` and never again for a node whose swap was recorded for the same
+target, no start while paused or halted. Liveness, at the end: once the
+cluster behaves (nodes Ready, disruptions allowed, swaps healthy), every node
+finishes and the rollout leaves no cordon of its own behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+)
+
+from kmodkit.core.contract.hooks import Failed, Pending, Validated, Validation
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.rollout.apply import patch_body
+from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.observed import NodeView, PodView, node_view_from
+from kmodkit.core.rollout.plan import Context, Step, plan
+from kmodkit.core.rollout.states import BEFORE_SWAP, IN_FLIGHT, NEEDS_PODS, State
+
+KEYS = RolloutKeys.for_policy("machine")
+OLD, FIRST, SECOND = "v1", "v2", "v3"
+GATE = "example.com/deploy.telemetry"
+
+# Every move the planner may make: forward along the states (skipping those the
+# policy does not use), backing out before the swap, failing where a step can
+# fail, retrying for a new target, and leaving a node that needs nothing.
+_ORDER = (
+    State.CORDONING,
+    State.GATING,
+    State.WAITING_FOR_JOBS,
+    State.EVICTING,
+    State.DRAINING,
+    State.SWAPPING,
+)
+LEGAL = {
+    (None, State.REQUIRED),
+    (None, State.DONE),
+    (State.REQUIRED, None),
+    (State.REQUIRED, State.DONE),
+    (State.REQUIRED, State.CORDONING),
+    *((a, b) for i, a in enumerate(_ORDER) for b in _ORDER[i + 1 :]),
+    *((a, State.UNCORDONING) for a in BEFORE_SWAP),
+    (State.EVICTING, State.FAILED),
+    (State.DRAINING, State.FAILED),
+    (State.SWAPPING, State.VALIDATING),
+    (State.SWAPPING, State.FAILED),
+    (State.VALIDATING, State.UNCORDONING),
+    (State.VALIDATING, State.FAILED),
+    (State.UNCORDONING, State.DONE),
+    (State.DONE, State.REQUIRED),
+    (State.FAILED, State.REQUIRED),
+}
+
+policies = st.builds(
+    UpgradePolicy,
+    max_parallel=st.integers(1, 3),
+    max_unavailable=st.one_of(st.integers(1, 3), st.sampled_from(["25%", "50%"])),
+    halt_on_failure=st.booleans(),
+    deploy_gates=st.sampled_from([{}, {GATE: "false"}]),
+    wait_for_completion=st.sampled_from([None, {"podSelector": "job", "timeoutSeconds": 60}]),
+    drain=st.sampled_from([{}, {"enable": True, "timeoutSeconds": 120}]),
+    device_eviction=st.just({"timeoutSeconds": 120}),
+    validation_timeout_seconds=st.just(300),
+)
+
+
+@dataclass
+class SimNode:
+    """A node as the apiserver holds it, plus what the simulated world knows of it."""
+
+    raw: dict[str, Any]
+    version: str = OLD
+    pods: list[PodView] = field(default_factory=list)
+    blocked: bool = False
+    """A PodDisruptionBudget refuses every eviction from this node."""
+    verdict: Validation = field(default_factory=lambda: Pending("starting"))
+    admin_cordon: bool = False
+
+    @property
+    def name(self) -> str:
+        return str(self.raw["metadata"]["name"])
+
+    @property
+    def state(self) -> State | None:
+        value = self.raw["metadata"]["labels"].get(KEYS.state)
+        return State(value) if value else None
+
+    @property
+    def cordoned(self) -> bool:
+        return bool(self.raw["spec"].get("unschedulable"))
+
+    @property
+    def ready(self) -> bool:
+        return self.raw["status"]["conditions"][0]["status"] == "True"
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """An RFC 7386 merge patch, as the apiserver applies it."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict):
+            _merge(target.setdefault(key, {}), value)
+        else:
+            target[key] = value
+
+
+class RolloutMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, SimNode] = {}
+        self.policy = UpgradePolicy()
+        self.now = 1_000_000.0
+        self.paused = False
+        self.recorded_swap: set[str] = set()
+        """Nodes whose swap was followed by the write that records it."""
+        self.target = FIRST
+
+    # -- the fleet --------------------------------------------------------------
+
+    @initialize(
+        policy=policies,
+        count=st.integers(2, 6),
+        workloads=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=6, max_size=6),
+    )
+    def fleet(self, policy: UpgradePolicy, count: int, workloads: list[tuple[bool, bool]]) -> None:
+        self.policy = policy
+        for i in range(count):
+            consumer, job = workloads[i]
+            name = f"n{i}"
+            pods = [PodView("w", f"{name}-app", device_consumer=consumer)]
+            if job:
+                pods.append(PodView("w", f"{name}-job"))
+            raw = {
+                "metadata": {"name": name, "uid": f"u{i}", "resourceVersion": "1"},
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            raw["metadata"]["labels"] = {}
+            raw["metadata"]["annotations"] = {}
+            self.nodes[name] = SimNode(raw, pods=pods)
+
+    def _node(self, data: st.DataObject) -> SimNode:
+        return self.nodes[data.draw(st.sampled_from(sorted(self.nodes)), label="node")]
+
+    # -- the operator -----------------------------------------------------------
+
+    def _view(self, sim: SimNode) -> NodeView:
+        state = sim.state
+        view = node_view_from(
+            sim.raw,
+            KEYS,
+            tuple(self.policy.deploy_gates),
+            skip_label=None,
+            needs_update=sim.version != self.target,
+            pods=tuple(
+                PodView(
+                    p.namespace,
+                    p.name,
+                    device_consumer=p.device_consumer and (state is State.EVICTING),
+                )
+                for p in sim.pods
+            )
+            if state in NEEDS_PODS
+            else None,
+            validation=sim.verdict if state is State.VALIDATING else None,
+        )
+        return view
+
+    @rule(kill_at=st.one_of(st.none(), st.integers(0, 6)), kill_after_swap=st.booleans())
+    def operator_pass(self, kill_at: int | None, kill_after_swap: bool) -> None:
+        """One pass; killed after ``kill_at`` writes, or between a swap and its record."""
+        self._pass(kill_at, kill_after_swap)
+
+    def _pass(self, kill_at: int | None = None, kill_after_swap: bool = False) -> int:
+        """One pass, as reconcile makes it; how many steps it planned."""
+        views = [self._view(s) for s in self.nodes.values()]
+        by_name = {v.name: v for v in views}
+        p = plan(views, Context(self.policy, KEYS, self.target, self.now, self.paused))
+        starts = [s for s in p.steps if _is_start(s)]
+        failed = any(s.state is State.FAILED for s in self.nodes.values())
+        if starts:
+            assert not self.paused, "started a node while paused"
+            assert not (self.policy.halt_on_failure and failed), "started a node while halted"
+        # As reconcile: every other step first, then the starts.
+        for i, step in enumerate([s for s in p.steps if not _is_start(s)] + starts):
+            if i == kill_at or not self._write(step, by_name[step.node], kill_after_swap):
+                break
+        return len(p.steps)
+
+    def _write(self, step: Step, view: NodeView, kill_after_swap: bool) -> bool:
+        """Apply one step as reconcile does; False when the operator died doing it."""
+        sim = self.nodes[step.node]
+        for pod in step.evict:
+            if not sim.blocked:
+                sim.pods = [p for p in sim.pods if p.ref != pod.ref]
+        if step.patch is None:
+            return True
+        if step.swap:
+            self._swap(sim)
+            if kill_after_swap:  # killed before the write that records the swap
+                return False
+        if sim.raw["metadata"]["resourceVersion"] != view.resource_version:
+            return True  # refused over a newer node (the next pass re-plans it)
+        disrupted_before = _disrupted(sim)
+        _merge(sim.raw, patch_body(step.patch, None))
+        self._changed(sim)
+        assert (step.before, step.after) in LEGAL, f"{step.node}: {step.before} -> {step.after}"
+        if sim.admin_cordon:
+            assert sim.cordoned, f"{step.node}: the admin's cordon was lifted"
+        if step.before not in IN_FLIGHT and step.after in IN_FLIGHT:
+            in_flight = sum(1 for s in self.nodes.values() if s.state in IN_FLIGHT)
+            assert in_flight <= self.policy.max_parallel, f"{step.node}: over maxParallel"
+        if not disrupted_before and _disrupted(sim):
+            self._check_unavailable(step)
+        if step.swap:
+            self.recorded_swap.add(step.node)
+        return True
+
+    def _swap(self, sim: SimNode) -> None:
+        assert sim.state is State.SWAPPING, f"{sim.name}: swapped in state {sim.state}"
+        assert sim.name not in self.recorded_swap, f"{sim.name}: swapped twice"
+        if sim.version != self.target:  # the backend's swap is idempotent
+            sim.version = self.target
+            sim.verdict = Pending("loading")
+            self._changed(sim)  # the swap itself may touch the node object
+
+    def _check_unavailable(self, step: Step) -> None:
+        """A write that takes a node out of service must keep the budget, which
+        counts every node in flight, cordoned or NotReady, except those the rollout
+        is through with (done and current, failed for this target)."""
+        counted = sum(
+            1
+            for s in self.nodes.values()
+            if s.state in IN_FLIGHT or ((s.cordoned or not s.ready) and not self._through_with(s))
+        )
+        limit = self.policy.max_unavailable_nodes(len(self.nodes))
+        assert counted <= limit, (
+            f"{step.node} {step.before} -> {step.after}: {counted} unavailable, "
+            f"maxUnavailable {limit}"
+        )
+
+    def _states(self) -> dict[str, State | None]:
+        return {s.name: s.state for s in self.nodes.values()}
+
+    def _through_with(self, sim: SimNode) -> bool:
+        if sim.state is State.DONE:
+            return sim.version == self.target
+        annotations = sim.raw["metadata"]["annotations"]
+        return sim.state is State.FAILED and annotations.get(KEYS.target) == self.target
+
+    def _changed(self, sim: SimNode) -> None:
+        meta = sim.raw["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    # -- the world --------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([5, 30, 90, 400]))
+    def time_passes(self, seconds: int) -> None:
+        self.now += seconds
+
+    @rule(data=st.data(), healthy=st.booleans())
+    def backend_verdict(self, data: st.DataObject, healthy: bool) -> None:
+        sim = self._node(data)
+        if sim.version == self.target:
+            sim.verdict = Validated() if healthy else Failed("Broken", "device not found")
+
+    @rule(data=st.data())
+    def pods_finish(self, data: st.DataObject) -> None:
+        self._node(data).pods = []
+
+    @rule(data=st.data(), blocked=st.booleans())
+    def disruption_budget(self, data: st.DataObject, blocked: bool) -> None:
+        self._node(data).blocked = blocked
+
+    @rule(data=st.data())
+    def admin_cordons(self, data: st.DataObject) -> None:
+        sim = self._node(data)
+        if not sim.cordoned:
+            sim.raw["spec"]["unschedulable"] = True
+            sim.admin_cordon = True
+            self._changed(sim)
+
+    @rule(data=st.data())
+    def admin_uncordons(self, data: st.DataObject) -> None:
+        sim = self._node(data)
+        if sim.admin_cordon:
+            sim.raw["spec"].pop("unschedulable", None)
+            sim.admin_cordon = False
+            self._changed(sim)
+
+    @rule(data=st.data(), ready=st.booleans())
+    def node_readiness(self, data: st.DataObject, ready: bool) -> None:
+        sim = self._node(data)
+        sim.raw["status"]["conditions"][0]["status"] = "True" if ready else "False"
+        self._changed(sim)
+
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        self.paused = paused
+
+    @precondition(lambda self: self.target == FIRST)
+    @rule()
+    def new_target(self) -> None:
+        """A new version is asked for mid-rollout: every node is swapped again, once."""
+        self.target = SECOND
+        self.recorded_swap.clear()
+
+    # -- liveness ---------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Once the world behaves, the rollout finishes (halted only by a real failure)."""
+        if not self.nodes:
+            return
+        self.paused = False
+        for sim in self.nodes.values():
+            sim.raw["status"]["conditions"][0]["status"] = "True"
+            sim.blocked = False
+            sim.pods = []
+            self._changed(sim)
+        # Each node needs about ten passes; more than that for every node is a stall.
+        for _ in range(12 * len(self.nodes)):
+            for sim in self.nodes.values():
+                if sim.version == self.target and isinstance(sim.verdict, Pending):
+                    sim.verdict = Validated()
+            if not self._pass():
+                break
+            self.now += 30
+        states = self._states()
+        halted = self.policy.halt_on_failure and State.FAILED in states.values()
+        for sim in self.nodes.values():
+            if sim.state is None:  # idle: it needed nothing (any more)
+                assert sim.version == self.target, f"{sim.name}: never upgraded"
+            elif sim.state is State.REQUIRED:
+                assert halted, f"{sim.name}: left waiting, not halted: {states}"
+            else:
+                assert sim.state in (State.DONE, State.FAILED), states
+        for sim in self.nodes.values():
+            if sim.state is State.DONE:
+                assert sim.version == self.target, f"{sim.name}: done without the swap"
+                assert sim.cordoned == sim.admin_cordon, f"{sim.name}: left cordoned"
+            if sim.state is not State.FAILED:
+                assert not sim.raw["metadata"]["labels"].get(GATE), f"{sim.name}: gate kept"
+
+
+def _disrupted(sim: SimNode) -> bool:
+    """Out of service: in flight, cordoned or NotReady."""
+    return sim.state in IN_FLIGHT or sim.cordoned or not sim.ready
+
+
+def _is_start(step: Step) -> bool:
+    return step.before is State.REQUIRED and step.after is State.CORDONING
+
+
+RolloutMachine.TestCase.settings = settings(
+    max_examples=400,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_rollout_machine = pytest.mark.timeout(120)(RolloutMachine.TestCase)
