@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd promtool
 
 lint: setup
 	$(BIN)/ruff check .
