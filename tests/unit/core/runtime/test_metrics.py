@@ -38,6 +38,7 @@ def test_a_successful_pass_records_when_and_a_failed_one_does_not(
     run = metrics.instrumented("unit", "ns/ok", one_pass)
     # Before any success: when the loop began, so a policy that never succeeds ages too.
     assert _value("kmodkit_reconcile_last_success_timestamp_seconds", **policy) == 1000.0
+    now[0] = 1500.0
     with pytest.raises(RuntimeError):
         run()
     assert _value("kmodkit_reconcile_last_success_timestamp_seconds", **policy) == 1000.0
@@ -58,6 +59,8 @@ def test_degraded_follows_the_condition_and_goes_with_the_policy() -> None:
     metrics.degraded("unit", "ns/mod", status("True"))
     assert _value("kmodkit_degraded", **policy) == 1
     metrics.degraded("unit", "ns/mod", status("False"))
+    assert _value("kmodkit_degraded", **policy) == 0
+    metrics.degraded("unit", "ns/mod", status("Unknown"))
     assert _value("kmodkit_degraded", **policy) == 0
     metrics.degraded("unit", "ns/mod", {})
     assert _value("kmodkit_degraded", **policy) == 0
