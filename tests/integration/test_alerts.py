@@ -23,6 +23,7 @@ from tests.integration.promql import chart_queries, metric_names
 from tests.integration.test_chart import Helm
 
 RULES_TEST = Path(__file__).parent / "promtool" / "kmodkit_rules_test.yaml"
+ANNOTATIONS_TEST = RULES_TEST.with_name("kmodkit_annotations_test.yaml")
 FINISHED = {State.DONE.value, State.FAILED.value}
 
 
@@ -69,6 +70,13 @@ def test_each_alert_fires_when_it_should_and_not_when_all_is_well(
     out = _promtool("test", "rules", RULES_TEST.name, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
+
+
+def test_the_annotations_fill_in_the_alerts_labels_and_value(helm: Helm, tmp_path: Path) -> None:
+    _rules_file(tmp_path / "kmodkit_rules_with_annotations.yaml", chart_queries(helm).rules)
+    shutil.copy(ANNOTATIONS_TEST, tmp_path)
+    out = _promtool("test", "rules", ANNOTATIONS_TEST.name, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_the_thresholds_and_labels_reach_the_rules(helm: Helm) -> None:
