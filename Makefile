@@ -15,6 +15,7 @@ system-deps:
 	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	@apt-cache show prometheus >/dev/null 2>&1 || { echo "updating the apt lists (promtool is fetched from Debian's prometheus package)"; apt-get update -qq; }
 
 $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 	@echo "setup: Python environment in $(VENV)"
@@ -26,7 +27,7 @@ $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd promtool
 
 lint: setup
 	$(BIN)/ruff check .

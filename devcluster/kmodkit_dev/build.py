@@ -1,4 +1,5 @@
-"""Build devcluster's binaries from the Go module proxy, cached per tool and version.
+"""Build devcluster's binaries from the Go module proxy (or take them from a pinned
+Debian package), cached per tool and version.
 
 The cache lives outside the repository (``$KMODKIT_CACHE`` or
 ``$XDG_CACHE_HOME/kmodkit``), keyed by tool and version, so only the first use
@@ -91,12 +92,28 @@ def _go_env() -> dict[str, str]:
 
 
 def _build(tool: Tool, echo: Echo) -> None:
-    if shutil.which("go") is None:
-        raise BuildError(f"cannot build {tool.name}: the Go toolchain (go) is not on PATH")
     target = bin_dir(tool)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{tool.name}-", dir=target.parent))
     scratch.chmod(0o755)
+    started = time.monotonic()
+    try:
+        (_unpack_deb if tool.deb else _go_build)(tool, scratch, echo)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if target.exists():
+        shutil.rmtree(target)
+    scratch.rename(target)
+    echo(
+        f"devcluster: built {tool.name} {tool.version} in "
+        f"{int(time.monotonic() - started)}s -> {target}"
+    )
+
+
+def _go_build(tool: Tool, scratch: Path, echo: Echo) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(f"cannot build {tool.name}: the Go toolchain (go) is not on PATH")
     # One invocation for all of a tool's packages shares their compile work;
     # a single package gets an explicit name (etcd's main package path ends in /v3).
     out = f"{scratch}/" if len(tool.packages) > 1 else str(scratch / tool.binaries[0])
@@ -132,7 +149,6 @@ def _build(tool: Tool, echo: Echo) -> None:
                 )
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-4000:]
-        shutil.rmtree(scratch, ignore_errors=True)
         raise BuildError(
             f"building {tool.name} {tool.version} failed (go build exit {proc.returncode}):\n{tail}"
         )
@@ -147,13 +163,34 @@ def _build(tool: Tool, echo: Echo) -> None:
             check=True,
         ).stdout.strip()
         shutil.copyfile(Path(source) / path, scratch / Path(path).name)
-    if target.exists():
-        shutil.rmtree(target)
-    scratch.rename(target)
-    echo(
-        f"devcluster: built {tool.name} {tool.version} in "
-        f"{int(time.monotonic() - started)}s -> {target}"
+
+
+def _unpack_deb(tool: Tool, scratch: Path, echo: Echo) -> None:
+    """The binaries out of the pinned Debian package, fetched but never installed
+    (no maintainer scripts, no service)."""
+    for command in ("apt-get", "dpkg-deb"):
+        if shutil.which(command) is None:
+            raise BuildError(f"cannot fetch {tool.name}: {command} is not on PATH (Debian's)")
+    echo(f"devcluster: fetching {tool.name} {tool.version} from Debian's {tool.deb} package")
+    fetched = subprocess.run(
+        ["apt-get", "download", f"{tool.deb}={tool.version}"],
+        cwd=scratch,
+        capture_output=True,
+        text=True,
     )
+    if fetched.returncode != 0:
+        raise BuildError(
+            f"fetching {tool.deb} {tool.version} failed: {fetched.stderr.strip()}\n"
+            "run apt-get update; if Debian has replaced that version, update the pin in "
+            "kmodkit_dev/versions.py"
+        )
+    (deb,) = scratch.glob("*.deb")
+    root = scratch / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    for name in tool.binaries:
+        (root / "usr" / "bin" / name).rename(scratch / name)
+    shutil.rmtree(root)
+    deb.unlink()
 
 
 if __name__ == "__main__":

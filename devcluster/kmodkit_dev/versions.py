@@ -3,6 +3,8 @@
 Each tool is built from the Go module proxy by its own wrapper module in
 ``gomod/<tool>/`` (separate modules so one tool's dependency pins never force
 another's). Changing a version here means regenerating that tool's go.mod.
+A tool with ``deb`` set is taken from that Debian package instead, at exactly
+``version``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class Tool:
     ldflags: str = "-s -w"
     files: tuple[tuple[str, str], ...] = ()
     """(module, path in it) copied next to the binaries: manifests the tool's source ships."""
+    deb: str = ""
+    """A Debian package whose ``/usr/bin`` holds the binaries (``packages`` is then empty)."""
 
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -76,6 +80,9 @@ TOOLS: dict[str, Tool] = {
                 ),
             ),
         ),
+        # The rules checker (promtool check/test rules). Debian's package, not a Go
+        # build: prometheus' main module pulls every cloud SDK its service discovery uses.
+        Tool("promtool", "2.42.0+ds-5+deb12u1", (), ("promtool",), deb="prometheus"),
     )
 }
 

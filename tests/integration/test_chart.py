@@ -68,16 +68,6 @@ class Helm:
         return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-@pytest.fixture
-def helm(tmp_path: Path) -> Helm:
-    return Helm(tmp_path)
-
-
-@pytest.fixture(params=HELMS)
-def each_helm(request: pytest.FixtureRequest, tmp_path: Path) -> Helm:
-    return Helm(tmp_path, tool=request.param)
-
-
 def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
@@ -123,6 +113,8 @@ def test_lint_is_clean_for_the_defaults_and_every_switch(each_helm: Helm) -> Non
         "--set",
         "openshift.enabled=true,metrics.serviceMonitor.enabled=true,controller.replicas=2",
         "--set",
+        "metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true",
+        "--set",
         "backends.intel_xe.enabled=false,backends.tenstorrent.enabled=false",
     )
     assert "0 chart(s) failed" in switches.stdout
@@ -136,6 +128,11 @@ def test_lint_is_clean_for_the_defaults_and_every_switch(each_helm: Helm) -> Non
         (["--set", "contoller.replicas=1"], "additional properties 'contoller' not allowed"),
         (["--set", "controller.extraEnv.HTTPS_PROXY=1"], "at '/controller/extraEnv/HTTPS_PROXY'"),
         (["--set", "namespace.podSecurity=open"], "at '/namespace/podSecurity'"),
+        (
+            ["--set", "metrics.prometheusRule.pendingFor=5 minutes"],
+            "at '/metrics/prometheusRule/pendingFor'",
+        ),
+        (["--set", "metrics.prometheusRule.rolloutStuckMinutes=0"], "rolloutStuckMinutes"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(

@@ -15,11 +15,13 @@ Deployment, drives with nothing but that token:
 The apiserver's audit log then says which permissions were used: none may have
 been refused, and every one granted, by the ClusterRole or the namespaced Role,
 must have been used or be justified in docs/security.md. The same run checks the
-operator's metrics and ``kubectl kmodkit``.
+operator's metrics (every one the chart's alerts and dashboard read among them)
+and ``kubectl kmodkit``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -48,6 +50,7 @@ from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration import test_intel_lifecycle as intel
 from tests.integration import test_tt_firmware as ttfw
+from tests.integration.promql import PROMETHEUS_SERIES, chart_queries, metric_names
 from tests.integration.test_chart import CHART, Grant, Helm, grants
 from tests.integration.test_tt_driver import (
     GATE,
@@ -159,6 +162,26 @@ class Builder(threading.Thread):
                 if job.metadata.name not in seen:
                     seen.add(job.metadata.name)
                     self.reg.push(job.metadata.annotations["kmodkit.io/image"])
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=10)
+
+
+class ServedMetrics(threading.Thread):
+    """Every sample name the operator's ``/metrics`` served while it ran, scraped each
+    second: a policy's series go with the policy, so one scrape at the end sees few."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.names: set[str] = set()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(1):
+            with contextlib.suppress(OSError):  # not serving yet
+                self.names |= {name for name, _ in _metrics(self.port)}
 
     def stop(self) -> None:
         self.stopped.set()
@@ -338,10 +361,24 @@ def _drive(
             "KMODKIT_REGISTRY_CA": str(reg.ca),
         },
     ) as op:
-        _module_scenario(kubeconfig, kube_api, namespace, reg, fleet, metrics_port)
-        _intel_scenario(kubeconfig, kube_api, reg, fleet)
-        _tenstorrent_scenario(kube_api, fleet)
+        served = ServedMetrics(metrics_port)
+        served.start()
+        try:
+            _module_scenario(kubeconfig, kube_api, namespace, reg, fleet, metrics_port)
+            _intel_scenario(kubeconfig, kube_api, reg, fleet)
+            _tenstorrent_scenario(kube_api, fleet)
+        finally:
+            served.stop()
         assert op.proc.poll() is None
+
+    queries = chart_queries(Helm(tmp_path / "render"))
+    read = {name for expr in queries.exprs() for name in metric_names(expr)}
+    assert len(read) > 5, read
+    missing = read - PROMETHEUS_SERIES - served.names
+    assert not missing, (
+        f"the chart's alerts and dashboard read metrics the operator never served: "
+        f"{sorted(missing)}; it served {sorted(served.names)}"
+    )
 
     user = f"system:serviceaccount:{ns}:{account}"
     used, refused = used_and_refused(dev_cluster.log("audit"), user)

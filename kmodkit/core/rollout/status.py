@@ -56,6 +56,9 @@ class RolloutStatus(KubeModel):
     """Of those, refused because a PodDisruptionBudget allowed no disruption."""
     writes: int = 0
     """API writes made this pass (node patches, evictions, events); 0 once converged."""
+    last_transition: float | None = None
+    """Unix seconds of the latest state change recorded on any targeted node, as the pass
+    observed them (this pass's own steps show in the next one); None before any."""
     halted: bool = False
     paused: bool = False
     complete: bool = False
@@ -145,6 +148,9 @@ def summarize(
         evictions=evictions,
         evictions_blocked=evictions_blocked,
         writes=writes,
+        last_transition=max(
+            (v.record.since for v in views if v.record.since is not None), default=None
+        ),
         halted=plan.halted,
         paused=plan.paused,
         complete=summary.up_to_date == summary.targeted - summary.skipped,

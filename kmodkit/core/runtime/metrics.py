@@ -8,6 +8,7 @@ Per-node detail lives in each object's status and on the nodes themselves.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,9 @@ import kopf
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from kmodkit.core import labels
+from kmodkit.core.api.status import DEGRADED
+from kmodkit.core.engine.build_plan import BUILD_COMPONENT
+from kmodkit.core.rollout.status import RolloutStatus
 
 RECONCILES = Counter(
     "kmodkit_reconcile",
@@ -29,6 +33,17 @@ RECONCILE_SECONDS = Histogram(
     "Time one reconcile pass took, by controller.",
     ["controller"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+LAST_SUCCESS = Gauge(
+    "kmodkit_reconcile_last_success_timestamp_seconds",
+    "When a pass over the policy last finished without an error, or, before the first, "
+    "when the operator began serving it (Unix time).",
+    ["controller", "policy"],
+)
+DEGRADED_POLICY = Gauge(
+    "kmodkit_degraded",
+    "1 while the policy's status holds Degraded=True (the condition's reason says why).",
+    ["controller", "policy"],
 )
 NODES = Gauge(
     "kmodkit_nodes",
@@ -46,6 +61,17 @@ EVICTIONS = Counter(
     "Eviction requests sent by rollouts, by result (sent or blocked by a PodDisruptionBudget).",
     ["controller", "result"],
 )
+LAST_TRANSITION = Gauge(
+    "kmodkit_rollout_last_transition_timestamp_seconds",
+    "When a node of the policy's rollout last changed state (Unix time, as recorded on "
+    "the nodes, so it survives a restart).",
+    ["controller", "policy"],
+)
+PAUSED = Gauge(
+    "kmodkit_rollout_paused",
+    "1 while the policy's rollout is paused (no new node starts).",
+    ["controller", "policy"],
+)
 JOBS = Counter(
     "kmodkit_jobs_finished",
     "Jobs kmodkit started (builds, flashes) that finished, by component and outcome.",
@@ -58,7 +84,15 @@ JOB_SECONDS = Histogram(
     buckets=(30, 60, 120, 300, 600, 900, 1800, 3600, 7200),
 )
 
+API_REQUESTS = Counter(
+    "kmodkit_api_requests",
+    "Requests to the Kubernetes API from kmodkit's own client, by HTTP method and status "
+    "code (error: no answer). kopf's watches and bookkeeping are not counted.",
+    ["method", "code"],
+)
+
 COMPONENT_LABEL = "app.kubernetes.io/component"
+_POLICY_GAUGES = (LAST_SUCCESS, DEGRADED_POLICY, LAST_TRANSITION, PAUSED)
 
 _lock = threading.Lock()
 _states: dict[tuple[str, str], set[str]] = {}
@@ -74,6 +108,10 @@ def serve(port: int, host: str) -> None:
 
 def register(registry: kopf.OperatorRegistry) -> None:
     """Observe kmodkit's Jobs (builds, flashes) finishing; rides on the engine's Job watch."""
+    # Builds' series exist from the start, so the first failure is an increase (a
+    # series born at 1 shows none to rate() and increase()).
+    for outcome in ("succeeded", "failed"):
+        JOBS.labels(BUILD_COMPONENT, outcome)
 
     @kopf.on.event(
         "batch",
@@ -91,8 +129,33 @@ def register(registry: kopf.OperatorRegistry) -> None:
             job_seen(body, component or "unknown")
 
 
-def instrumented(controller: str, one_pass: Callable[[], float | None]) -> Callable[[], Any]:
+def count_requests(api: Any) -> None:
+    """Count every request ``api`` (a kubernetes ``ApiClient``) sends.
+
+    Its REST client is the one door the controllers, rollouts and the dynamic
+    client all go through, so one wrapper there sees every read and write.
+    """
+    rest = api.rest_client
+    send = rest.request
+
+    def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = send(method, url, *args, **kwargs)
+        except Exception:
+            API_REQUESTS.labels(method, "error").inc()
+            raise
+        API_REQUESTS.labels(method, str(response.status)).inc()
+        return response
+
+    rest.request = request
+
+
+def instrumented(
+    controller: str, policy: str, one_pass: Callable[[], float | None]
+) -> Callable[[], Any]:
     """``one_pass`` counted and timed; exceptions are counted and re-raised."""
+    # A policy whose passes fail from the start must age as well.
+    LAST_SUCCESS.labels(controller, policy).set_to_current_time()
 
     def run() -> float | None:
         started = time.monotonic()
@@ -104,6 +167,7 @@ def instrumented(controller: str, one_pass: Callable[[], float | None]) -> Calla
         finally:
             RECONCILE_SECONDS.labels(controller).observe(time.monotonic() - started)
         RECONCILES.labels(controller, "ok").inc()
+        LAST_SUCCESS.labels(controller, policy).set_to_current_time()
         return result
 
     return run
@@ -125,15 +189,31 @@ def forget(controller: str, policy: str) -> None:
     node_states(controller, policy, {})
     with _lock:
         _states.pop((controller, policy), None)
+    for gauge in _POLICY_GAUGES:
+        with contextlib.suppress(KeyError):  # never set here (a Module has no rollout)
+            gauge.remove(controller, policy)
 
 
-def rollout_pass(controller: str, transitions: Mapping[str, int], sent: int, blocked: int) -> None:
-    for state, n in transitions.items():
+def degraded(controller: str, policy: str, status: Mapping[str, Any]) -> None:
+    """Record whether the status about to be written holds Degraded=True."""
+    is_degraded = any(
+        c.get("type") == DEGRADED and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    DEGRADED_POLICY.labels(controller, policy).set(int(is_degraded))
+
+
+def rollout_pass(controller: str, policy: str, result: RolloutStatus) -> None:
+    node_states(controller, policy, result.nodes_by_state)
+    for state, n in result.transitions.items():
         TRANSITIONS.labels(controller, state).inc(n)
-    if sent:
-        EVICTIONS.labels(controller, "sent").inc(sent)
-    if blocked:
-        EVICTIONS.labels(controller, "blocked").inc(blocked)
+    if result.evictions:
+        EVICTIONS.labels(controller, "sent").inc(result.evictions)
+    if result.evictions_blocked:
+        EVICTIONS.labels(controller, "blocked").inc(result.evictions_blocked)
+    if result.last_transition is not None:
+        LAST_TRANSITION.labels(controller, policy).set(result.last_transition)
+    PAUSED.labels(controller, policy).set(int(result.paused))
 
 
 def job_seen(body: Mapping[str, Any], component: str) -> None:

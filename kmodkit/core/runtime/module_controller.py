@@ -215,7 +215,7 @@ class ModuleController:
             try:
                 await reconcile_loop(
                     (PLURAL, *key),
-                    metrics.instrumented(PLURAL, one_pass),
+                    metrics.instrumented(PLURAL, f"{namespace}/{name}", one_pass),
                     stopped,
                     wakeups,
                     self.settings.resync_seconds,
@@ -487,6 +487,8 @@ class ModuleController:
         ]
 
     def _write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        metrics.degraded(PLURAL, f"{meta.get('namespace')}/{meta.get('name')}", status)
         self.kube.write_status(GROUP, VERSION, PLURAL, body, status)
 
     # -- deletion -------------------------------------------------------------

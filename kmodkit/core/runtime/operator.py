@@ -115,7 +115,9 @@ def _api_client() -> Any:
         cfg.load_incluster_config()
     except cfg.ConfigException:
         cfg.load_kube_config()
-    return client.ApiClient()
+    api = client.ApiClient()
+    metrics.count_requests(api)
+    return api
 
 
 def run_operator(

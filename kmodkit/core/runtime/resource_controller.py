@@ -148,7 +148,7 @@ class ResourceController:
             try:
                 await reconcile_loop(
                     (*kind_key, uid),
-                    metrics.instrumented(self._id, one_pass),
+                    metrics.instrumented(self._id, _policy_name(body), one_pass),
                     stopped,
                     wakeups,
                     self.resync_seconds,
@@ -217,6 +217,7 @@ class ResourceController:
             status = dict(self.resource.apply_failed(body, status, failed))
         if plan.rollout is not None:
             status = self._rollout(body, plan, view, status)
+        metrics.degraded(self._id, _policy_name(body), status)
         self._write_status(body, status)
         if failed:
             return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
@@ -327,10 +328,7 @@ class ResourceController:
                 "uid": str(meta.get("uid")),
             },
         )
-        metrics.node_states(self._id, _policy_name(body), result.nodes_by_state)
-        metrics.rollout_pass(
-            self._id, result.transitions, result.evictions, result.evictions_blocked
-        )
+        metrics.rollout_pass(self._id, _policy_name(body), result)
         if self.resource.rollout_status is not None:
             return dict(self.resource.rollout_status(status, result))
         return status
