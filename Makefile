@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devcluster/pyproject.toml agent/pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: setup system-deps devcluster-bin lint test unit demo crds bench clean
+.PHONY: setup system-deps devcluster-bin lint test unit demo crds krew bench clean
 
 system-deps:
 	@command -v go >/dev/null || { echo "Go 1.26 is required to build the local control plane" >&2; exit 1; }
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd krew
 
 lint: setup
 	$(BIN)/ruff check .
@@ -50,6 +50,10 @@ bench: devcluster-bin
 crds: setup
 	@$(BIN)/kmodkit crds --out crds
 	@$(BIN)/kmodkit crds --chart charts/kmodkit
+
+# The archive krew/kmodkit.yaml names (its sha256 is in the manifest; tests/packaging checks it).
+krew: setup
+	@$(BIN)/python krew/archive.py dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -44,7 +44,7 @@ def _report(edit: verbs.Edit) -> None:
 @click.option("--context", help="kubeconfig context to use.")
 @click.pass_context
 def main(ctx: click.Context, kubeconfig: str | None, context: str | None) -> None:
-    """kmodkit's view of the fleet (installed as the kubectl plugin ``kubectl kmodkit``)."""
+    """kmodkit's view of the fleet, and the verbs admins otherwise type as node labels."""
     ctx.obj = (kubeconfig, context)
 
 
