@@ -99,6 +99,7 @@ def test_bar() -> None:
     assert views.bar(0, 4, width=8) == "░░░░░░░░ 0/4"
     assert views.bar(1, 4, width=8) == "██░░░░░░ 1/4"
     assert views.bar(3, 4, width=8) == "██████░░ 3/4"
+    assert views.bar(19, 20, width=8) == "███████░ 19/20", "full only when every node is"
     assert views.bar(4, 4, width=8) == "████████ 4/4"
     assert views.bar(0, 0, width=8) == "░░░░░░░░ 0/0"
 
