@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from kmodkit.core.cli.kubectl.kinds import Kind, Obj, kinds_named
+from kmodkit.core.cli.kubectl.kinds import Kind, kinds_named
 from kmodkit.core.cli.kubectl.rows import Row, row
+from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.schema.crd import CrdSource
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import click
 
 from kmodkit.core.contract.backend import RolloutControls
+from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.schema.crd import MODULE_CRD, CrdSource
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

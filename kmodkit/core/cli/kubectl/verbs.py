@@ -17,11 +17,10 @@ from typing import Any
 import click
 
 from kmodkit.core import labels
+from kmodkit.core.api.common import LABEL_VALUE_RE
 from kmodkit.core.cli.kubectl.kinds import Kind
 from kmodkit.core.rollout.keys import ROLLOUT_PREFIX, RolloutKeys
 from kmodkit.core.rollout.states import IN_FLIGHT, State
-
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ def upgrade(node: Mapping[str, Any], module: Mapping[str, Any], version: str) ->
     """Label ``node`` to run ``version`` of ``module`` (KMM's ordered upgrade)."""
     meta = _meta(module)
     ns, mod = str(meta.get("namespace")), str(meta.get("name"))
-    if not _LABEL_VALUE.match(version) or not version:
+    if not version or not re.fullmatch(LABEL_VALUE_RE, version):
         raise click.UsageError(
             f"--version {version!r} is not a label value: at most 63 letters, digits, "
             "'-', '_' or '.', starting and ending with a letter or digit"
