@@ -17,7 +17,8 @@ from kmodkit.core.cli.kubectl.kinds import Kind, kinds, kinds_named, pick, split
 from kmodkit.core.schema.crd import MODULE_CRD
 
 RETRIES = 3
-"""Read-decide-write rounds of ``retry`` when the node changes in between."""
+"""Read-decide-write rounds of a node verb; only ``retry``'s write is refused when the node
+changed since it was read, which a node's own status updates make likely on a busy node."""
 
 Conn = tuple[str | None, str | None]
 
