@@ -7,12 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devcluster/pyproject.toml agent/pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: setup system-deps devcluster-bin lint test unit demo crds bench clean
+.PHONY: setup system-deps devcluster-bin lint test unit demo crds krew bench clean
 
 system-deps:
 	@command -v go >/dev/null || { echo "Go 1.26 is required to build the local control plane" >&2; exit 1; }
 	@missing=""; command -v openssl >/dev/null || missing="openssl"; \
 	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
+	dpkg -s tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 	@apt-cache show prometheus >/dev/null 2>&1 || { echo "updating the apt lists (promtool is fetched from Debian's prometheus package)"; apt-get update -qq; }
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml
 setup: system-deps $(STAMP)
 
 devcluster-bin: setup
-	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd promtool
+	@$(BIN)/python -m kmodkit_dev.build etcd kubernetes kwok registry helm helm4 nfd promtool krew
 
 lint: setup
 	$(BIN)/ruff check .
@@ -50,6 +51,10 @@ bench: devcluster-bin
 crds: setup
 	@$(BIN)/kmodkit crds --out crds
 	@$(BIN)/kmodkit crds --chart charts/kmodkit
+
+# The archive krew/kmodkit.yaml names (its sha256 is in the manifest; tests/packaging checks it).
+krew: setup
+	@$(BIN)/python krew/archive.py dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -68,6 +68,13 @@ TOOLS: dict[str, Tool] = {
         Tool("helm", "v3.22.0", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
         # The current Helm; the chart is tested with both.
         Tool("helm4", "v4.3.1", ("helm.sh/helm/v4/cmd/helm",), ("helm4",)),
+        # krew's own manifest validator and installer, for the kubectl plugin's manifest.
+        Tool(
+            "krew",
+            "v0.4.3",
+            ("sigs.k8s.io/krew/cmd/krew", "sigs.k8s.io/krew/cmd/validate-krew-manifest"),
+            ("krew", "validate-krew-manifest"),
+        ),
         Tool(
             "nfd",
             "v0.18.2",

@@ -8,13 +8,14 @@ Both roll their change through the rollout core; see docs/tenstorrent.md.
 
 from functools import partial
 
-from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
+from kmodkit.backends.tenstorrent import driver_plan, firmware_plan, names
 from kmodkit.backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
 from kmodkit.backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
 from kmodkit.backends.tenstorrent.firmware_api import FIRMWARE_CRD, TenstorrentFirmwarePolicy
+from kmodkit.backends.tenstorrent.keys import TT_DRIVER_SKIP_LABEL, TT_FIRMWARE_SKIP_LABEL
 from kmodkit.backends.tenstorrent.validation import problems_of
-from kmodkit.sdk import CONTRACT_VERSION, Backend, OwnedKind, Resource, Watch
+from kmodkit.sdk import CONTRACT_VERSION, Backend, OwnedKind, Resource, RolloutControls, Watch
 
 backend = Backend(
     name="tenstorrent",
@@ -40,6 +41,11 @@ backend = Backend(
             hooks=driver_plan.hooks,
             rollout_status=driver_plan.rollout_status,
             validate=partial(problems_of, TenstorrentDriverPolicy),
+            controls=RolloutControls(
+                policy_id=names.driver_policy_id,
+                pause_field="paused",
+                skip_label=TT_DRIVER_SKIP_LABEL,
+            ),
         ),
         Resource(
             crd=FIRMWARE_CRD,
@@ -48,6 +54,11 @@ backend = Backend(
             hooks=firmware_plan.hooks,
             rollout_status=firmware_plan.rollout_status,
             validate=partial(problems_of, TenstorrentFirmwarePolicy),
+            controls=RolloutControls(
+                policy_id=names.firmware_policy_id,
+                pause_field="paused",
+                skip_label=TT_FIRMWARE_SKIP_LABEL,
+            ),
         ),
     ),
 )

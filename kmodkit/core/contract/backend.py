@@ -88,6 +88,22 @@ class RolloutRequest:
 
 
 @dataclass(frozen=True)
+class RolloutControls:
+    """How an admin steers a resource's rollouts by hand (``kubectl kmodkit``).
+
+    The same facts a plan puts in its ``RolloutRequest``, declared up front so a
+    client can act on an object without running the plan.
+    """
+
+    policy_id: Callable[[str], str]
+    """The rollout id of the object with this name, as its plan's ``RolloutRequest`` has it."""
+    pause_field: str | None = None
+    """The boolean ``spec`` field the plan passes as ``paused`` (None: cannot be paused)."""
+    skip_label: str | None = None
+    """The plan's ``skip_label``: ``"true"`` on a node takes it out of every such rollout."""
+
+
+@dataclass(frozen=True)
 class Plan:
     objects: Sequence[Obj] = ()
     """Complete manifests of every object to own; the runtime adds the owner link."""
@@ -142,6 +158,8 @@ class Resource:
     """How refused writes show in the status; without it they are only Events and logs."""
     hold_deletion: DeletionGuardFn | None = None
     """Keeps a finalizer on every object while it says the deletion must wait."""
+    controls: RolloutControls | None = None
+    """Declared when ``plan`` may return a RolloutRequest, for ``kubectl kmodkit``'s verbs."""
 
     @property
     def api_version(self) -> str:

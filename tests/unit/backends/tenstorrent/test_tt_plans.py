@@ -267,3 +267,22 @@ def test_firmware_status_per_node() -> None:
         _ttfwp(upgradePolicy={"autoUpgrade": False}), _view(nodes[:2]), NOW
     )
     assert _states(drift)["old"] == ("Pending", "AutoUpgradeDisabled")
+
+
+def test_declared_controls_are_what_the_plans_request() -> None:
+    """``kubectl kmodkit`` acts on the declared controls; the plans must request the same."""
+    from kmodkit.backends.tenstorrent import backend
+
+    driver, firmware = backend.resources
+    view = _view([_node("a")])
+    for resource, body in (
+        (driver, _ttdp(paused=True)),
+        (firmware, {**_ttfwp(), "spec": {**_ttfwp()["spec"], "paused": True}}),
+    ):
+        controls = resource.controls
+        assert controls is not None and controls.pause_field is not None
+        request = resource.plan(body, view).rollout
+        assert request is not None
+        assert request.policy_id == controls.policy_id(body["metadata"]["name"])
+        assert request.skip_label == controls.skip_label
+        assert request.paused is body["spec"][controls.pause_field] is True
