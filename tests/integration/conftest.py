@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_chart import HELMS, Helm
+from tests.integration.helm import HELMS, Helm
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tests.integration.test_chart import Helm
+from tests.integration.helm import Helm
 
 # Series Prometheus makes itself, not the operator.
 PROMETHEUS_SERIES = frozenset({"up"})

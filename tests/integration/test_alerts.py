@@ -19,8 +19,8 @@ import yaml
 
 from kmodkit.core.rollout.states import State
 from kmodkit_dev import build
+from tests.integration.helm import Helm
 from tests.integration.promql import chart_queries, metric_names
-from tests.integration.test_chart import Helm
 
 RULES_TEST = Path(__file__).parent / "promtool" / "kmodkit_rules_test.yaml"
 ANNOTATIONS_TEST = RULES_TEST.with_name("kmodkit_annotations_test.yaml")

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kmodkit_dev import build
 from kmodkit_dev.waiting import wait_until
-from tests.integration.test_chart import CHART, Helm
+from tests.integration.helm import CHART, Helm
 from tests.unit.examples import minimal
 
 pytestmark = pytest.mark.cluster

@@ -22,8 +22,8 @@ from kmodkit_dev.operator import Operator
 from kmodkit_dev.waiting import wait_until
 from tests.integration import intel_support
 from tests.integration.crds_util import install
+from tests.integration.helm import Helm
 from tests.integration.intel_support import CP_GROUP, CP_PLURAL, CP_VERSION
-from tests.integration.test_chart import Helm
 
 pytestmark = pytest.mark.cluster
 

@@ -50,8 +50,8 @@ from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration import test_intel_lifecycle as intel
 from tests.integration import test_tt_firmware as ttfw
+from tests.integration.helm import CHART, Grant, Helm, grants
 from tests.integration.promql import PROMETHEUS_SERIES, chart_queries, metric_names
-from tests.integration.test_chart import CHART, Grant, Helm, grants
 from tests.integration.test_tt_driver import (
     GATE,
     KMD,
