@@ -48,6 +48,7 @@ class Kube:
         self.apps: Any = client.AppsV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
         self.events = Recorder(self.core)
+        """Posts Events, deduplicated (see ``kmodkit.core.events``)."""
 
     def create(self, obj: Mapping[str, Any]) -> None:
         ns = obj["metadata"]["namespace"]
@@ -174,18 +175,3 @@ class Kube:
         except ApiException as e:
             if e.status != 404:  # deleted meanwhile
                 raise
-
-    def event(
-        self,
-        involved: Mapping[str, Any],
-        reason: str,
-        message: str,
-        *,
-        warning: bool = False,
-        repeat_after: float = 0.0,
-    ) -> bool:
-        """Post a core/v1 Event about ``involved`` (a reference: apiVersion, kind, name,
-        uid, namespace), deduplicated (see ``kmodkit.core.events``); whether it is posted."""
-        return self.events.post(
-            involved, reason, message, warning=warning, repeat_after=repeat_after
-        )

@@ -293,7 +293,7 @@ class ModuleController:
             )
         unposted = set()
         for event in builds.events:
-            if not self.kube.event(
+            if not self.kube.events.post(
                 _module_ref(body),
                 event.reason,
                 event.message,
@@ -429,7 +429,7 @@ class ModuleController:
         self, body: Mapping[str, Any], reason: str, messages: Iterable[str]
     ) -> None:
         for message in messages:
-            self.kube.event(
+            self.kube.events.post(
                 _module_ref(body), reason, message, warning=True, repeat_after=REPORT_AGAIN
             )
 
@@ -442,7 +442,7 @@ class ModuleController:
             if (view := self.nodes.get(d.node)) is not None:
                 about.append((_node_ref(view), f"Module {module}: {d.message}"))
             for ref, message in about:
-                self.kube.event(
+                self.kube.events.post(
                     ref, d.reason, message, warning=d.warning, repeat_after=REPORT_AGAIN
                 )
 
@@ -462,8 +462,8 @@ class ModuleController:
             loaded = change[ready_key] is not None
             reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
             done = "loaded into" if loaded else "unloaded from"
-            self.kube.event(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
-            self.kube.event(_module_ref(body), reason, f"{done} the kernel of node {node}")
+            self.kube.events.post(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
+            self.kube.events.post(_module_ref(body), reason, f"{done} the kernel of node {node}")
         return failures
 
     @staticmethod

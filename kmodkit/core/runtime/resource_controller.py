@@ -270,7 +270,7 @@ class ResourceController:
                     meta.get("name"),
                     reason,
                 )
-                self.shared.kube.event(
+                self.shared.kube.events.post(
                     {
                         "apiVersion": owner.get("apiVersion"),
                         "kind": owner.get("kind"),

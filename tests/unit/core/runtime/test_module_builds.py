@@ -34,6 +34,11 @@ class RecordingKube:
         self.calls: list[tuple[str, Any]] = []
         self.created: list[dict[str, Any]] = []
         self.refused: set[str] = set()
+        self.events = self  # posts through ``post`` below, as Kube does through its Recorder
+
+    def post(self, involved: Mapping[str, Any], reason: str, message: str, **_: Any) -> bool:
+        self.calls.append(("event", reason))
+        return reason not in self.refused
 
     def create(self, obj: Mapping[str, Any]) -> None:
         self.created.append(dict(obj))
@@ -41,18 +46,6 @@ class RecordingKube:
 
     def delete_job(self, namespace: str, name: str) -> None:
         self.calls.append(("delete_job", name))
-
-    def event(
-        self,
-        involved: Mapping[str, Any],
-        reason: str,
-        message: str,
-        *,
-        warning: bool = False,
-        repeat_after: float = 0.0,
-    ) -> bool:
-        self.calls.append(("event", reason))
-        return reason not in self.refused
 
     def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.calls.append(("annotate_job", (name, dict(annotations))))

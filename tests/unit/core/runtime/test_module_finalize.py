@@ -68,8 +68,12 @@ class RecordingKube:
     def delete_pod(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
 
-    def event(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    @property
+    def events(self) -> RecordingKube:
+        return self
+
+    def post(self, *args: Any, **kwargs: Any) -> bool:
+        return True
 
 
 def _controller(kube: RecordingKube, seen: list[str], synced: bool = True) -> ModuleController:
