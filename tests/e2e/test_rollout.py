@@ -170,8 +170,9 @@ def _ready(apps: client.AppsV1Api, namespace: str, name: str) -> bool:
 
 
 class CordonWatcher:
-    """An independent observer: a Node watch that tracks how many nodes are cordoned
-    and how many are in flight, at every change it sees."""
+    """An independent observer: a Node watch that tracks how many nodes count against
+    the unavailability budget (cordoned, except those the rollout is done with) and
+    how many are in flight, at every change it sees."""
 
     def __init__(self, core: client.CoreV1Api, fleet: Fleet) -> None:
         self.core, self.fleet = core, fleet
@@ -206,8 +207,9 @@ class CordonWatcher:
     def _see(self, kind: str, node: Any) -> None:
         name = node.metadata.name
         gone = kind == "DELETED"
-        self.cordoned[name] = not gone and bool(node.spec.unschedulable)
         state = (node.metadata.labels or {}).get(self.fleet.keys.state)
+        # A node done but left cordoned by its admin no longer holds the budget.
+        self.cordoned[name] = not gone and bool(node.spec.unschedulable) and state != "done"
         self.in_flight[name] = not gone and state in IN_FLIGHT
         self.max_cordoned = max(self.max_cordoned, sum(self.cordoned.values()))
         self.max_in_flight = max(self.max_in_flight, sum(self.in_flight.values()))

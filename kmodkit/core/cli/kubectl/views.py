@@ -33,6 +33,7 @@ COLUMNS = (
     "BLOCKING",
     "FAILURES",
 )
+UNWRAPPED = frozenset({"KIND", "NAME", "ENGINE", "VERSION", "PROGRESS"})
 
 
 def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -44,7 +45,8 @@ def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
 def table(rows: Sequence[Row], unserved: Sequence[str] = ()) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold")
     for col in COLUMNS:
-        t.add_column(col, overflow="fold", no_wrap=col == "PROGRESS")
+        # What names a row never wraps (a narrow terminal folds the prose columns).
+        t.add_column(col, overflow="fold", no_wrap=col in UNWRAPPED)
     for r in sorted(rows, key=lambda r: (r.kind, r.name)):
         t.add_row(
             r.kind,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -33,8 +34,8 @@ MODULE = Kind(MODULE_CRD, "kmodkit")
 STATE = "rollout.kmodkit.io/dp.a"
 
 
-def _text(renderable: Any) -> str:
-    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+def _text(renderable: Any, width: int = 200) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(renderable)
     return console.export_text()
 
@@ -112,6 +113,15 @@ def test_the_live_frame_has_one_header_and_a_bar_per_policy() -> None:
     line = next(ln for ln in text.splitlines() if "DriverPolicy" in ln)
     assert views.bar(1, 2) in line and "matched=2 upToDate=1" in line
     assert "not served by this cluster: modules.kmodkit.io" in text
+
+
+def test_a_narrow_terminal_folds_the_prose_never_what_names_a_row() -> None:
+    failing = rows.row(
+        POLICY, _policy(summary={"matched": 2}, errors=["the registry refused: " + "x" * 120])
+    )
+    text = _text(views.table([failing]), width=100)
+    line = next(ln for ln in text.splitlines() if "DriverPolicy" in ln)
+    assert re.match(r"DriverPolicy +a +example +2\.0 +" + views.bar(0, 2), line), text
 
 
 # -- naming objects -------------------------------------------------------------
