@@ -40,7 +40,12 @@ class Operator:
             raise RuntimeError(f"{err}; its log ends:\n{self.output()}") from None
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:]
+        """The end of the log, for failure messages."""
+        return self.logged()[-8000:]
+
+    def logged(self) -> str:
+        """The whole log: what a busy operator said a while ago is still in it."""
+        return self.log.read_text(errors="replace")
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM and wait; returns the exit code (killed if it does not stop in time)."""

@@ -306,13 +306,13 @@ def test_two_replicas_with_one_peering_take_turns(
             # kopf starts paused and resumes only while no live peer has a higher priority.
             resumed = "Resuming operations after the pause"
             active = wait_until(
-                lambda: [op for op in (a, b) if resumed in op.output()],
+                lambda: [op for op in (a, b) if resumed in op.logged()],
                 "one replica to become active",
             )
             time.sleep(3)  # the other has seen the active one in the peering: it stays paused
-            assert [op for op in (a, b) if resumed in op.output()] == active
+            assert [op for op in (a, b) if resumed in op.logged()] == active
             waiting = b if active[0] is a else a
             active[0].stop()
-            wait_until(lambda: resumed in waiting.output(), "the waiting replica to take over")
+            wait_until(lambda: resumed in waiting.logged(), "the waiting replica to take over")
     finally:
         objects.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)

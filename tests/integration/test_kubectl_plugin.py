@@ -217,7 +217,7 @@ def test_status_watch_redraws_a_live_rollout_in_place(rollout: Rollout, tmp_path
     assert rolling, "no frame caught a node in flight"
     partial = [f for f in rolling if any(f"{n}/3" in f for n in (0, 1, 2))]
     assert partial, "no frame showed the bar short of full"
-    assert any("WaitingForSlot: " in f for f in rolling), "the waiting nodes were not shown"
+    assert any("WaitingForSlot:" in f for f in rolling), f"waiting nodes not shown:\n{rolling[-1]}"
     assert "2.9.0" in frames[-1] and "█" * 20 + " 3/3" in frames[-1]
     assert len(set(frames)) > 2, "the screen did not change as the rollout advanced"
 
