@@ -47,8 +47,8 @@ class Kube:
         self.batch: Any = client.BatchV1Api(api)
         self.apps: Any = client.AppsV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        # Posts Events, deduplicated (see kmodkit.core.events).
         self.events = Recorder(self.core)
-        """Posts Events, deduplicated (see ``kmodkit.core.events``)."""
 
     def create(self, obj: Mapping[str, Any]) -> None:
         ns = obj["metadata"]["namespace"]

@@ -4,7 +4,10 @@ Hypothesis drives a simulated fleet (raw Node objects, pods, a backend whose
 swap is idempotent) through arbitrary interleavings of operator passes, kills
 in the middle of a pass (only a prefix of its writes lands, and a kill can fall
 between a swap and the write that records it), pod and node events, admin
-cordons and the clock. Every pass goes through the product's own path: views
+cordons and the clock. The world changes between passes: a pass's writes take
+milliseconds, and a node changed under one is refused by the resourceVersion
+guard every write carries (modelled: a swap that touches the node makes the
+write that follows it stale). Every pass goes through the product's own path: views
 from the raw nodes (``node_view_from``), ``plan``, and the merge patches of
 ``apply.patch_body``. The simulated cluster and backend are stand-ins for the
 apiserver and a driver; what is under test is the planner's decisions.
