@@ -148,7 +148,7 @@ class Recorder:
     """Posts Events through a ``Correlator``; a refused Event is logged, never raised."""
 
     _lock = threading.Lock()
-    """Serialises posts, so two threads never both create, or both bump, one Event."""
+    """Shared with every recorder, as the process's correlator is."""
 
     def __init__(self, core: client.CoreV1Api, correlator: Correlator = PROCESS) -> None:
         self.core = core
@@ -168,23 +168,27 @@ class Recorder:
         namespace); whether the cluster holds it now."""
         ev = event(involved, reason, message, warning)
         at = now or datetime.now(UTC)
+        # The lock guards the correlator only: a write never waits for another's round
+        # trip. Two threads posting one new Event meet at the apiserver (409), and the
+        # second counts up; two bumping at once may count one occurrence short.
         with self._lock:
             write = self.correlator.decide(ev, at.timestamp(), repeat_after)
-            if write is None:
-                return True
-            try:
-                count = self._write(ev, write, at, repeat_after)
-            except ApiException as err:
-                log.warning(
-                    "could not post event %s on %s %s: %s",
-                    reason,
-                    dict(ev.involved).get("kind"),
-                    ev.object_name,
-                    err.reason,
-                )
-                return False
-            self.correlator.posted(write, count, at.timestamp())
+        if write is None:
             return True
+        try:
+            count = self._write(ev, write, at, repeat_after)
+        except ApiException as err:
+            log.warning(
+                "could not post event %s on %s %s: %s",
+                reason,
+                dict(ev.involved).get("kind"),
+                ev.object_name,
+                err.reason,
+            )
+            return False
+        with self._lock:
+            self.correlator.posted(write, count, at.timestamp())
+        return True
 
     def _write(self, ev: Event, write: Write, at: datetime, repeat_after: float) -> int:
         if not write.create:
