@@ -266,9 +266,6 @@ class RolloutMachine(RuleBasedStateMachine):
             f"maxUnavailable {limit}"
         )
 
-    def _states(self) -> dict[str, State | None]:
-        return {s.name: s.state for s in self.nodes.values()}
-
     def _through_with(self, sim: SimNode) -> bool:
         if sim.state is State.DONE:
             return sim.version == self.target
@@ -346,13 +343,15 @@ class RolloutMachine(RuleBasedStateMachine):
             self._changed(sim)
         # Each node needs about ten passes; more than that for every node is a stall.
         for _ in range(12 * len(self.nodes)):
+            # Every swap turns out healthy, also one made for a target since replaced
+            # (a pass that only waits on a verdict plans nothing, which ends this loop).
             for sim in self.nodes.values():
-                if sim.version == self.target and isinstance(sim.verdict, Pending):
+                if sim.version != OLD and isinstance(sim.verdict, Pending):
                     sim.verdict = Validated()
             if not self._pass():
                 break
             self.now += 30
-        states = self._states()
+        states = {s.name: s.state for s in self.nodes.values()}
         halted = self.policy.halt_on_failure and State.FAILED in states.values()
         for sim in self.nodes.values():
             if sim.state is None:  # idle: it needed nothing (any more)
