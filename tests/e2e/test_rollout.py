@@ -282,6 +282,8 @@ class Driver:
 ROLLING = {
     "maxParallel": 3,
     "maxUnavailable": 3,
+    # The fleet has a node an admin cordoned: upgraded under that cordon, which stays.
+    "upgradeCordonedNodes": True,
     "deployGates": {GATE: "false"},
     "deviceEviction": {"timeoutSeconds": 90},
     "drain": {"enable": True, "podSelector": "app notin (scratch-free)", "timeoutSeconds": 90},

@@ -74,6 +74,10 @@ class UpgradePolicy(KubeModel):
     this target): a count, or a percentage of the targeted nodes rounded up."""
     halt_on_failure: bool = True
     """Start no new node while any targeted node is failed."""
+    upgrade_cordoned_nodes: bool = False
+    """Also change nodes someone else cordoned (an admin's maintenance, another tool): they are
+    drained and changed under that cordon, which stays afterwards. False leaves such a node alone
+    (reported ``ExternalCordon``) until it is uncordoned."""
     deploy_gates: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Node labels set while the node is drained (e.g. ``tenstorrent.com/deploy.tt-telemetry:
     "false"``) so sibling DaemonSets holding the device leave; restored afterwards."""

@@ -82,6 +82,11 @@ class NodeView:
     def available(self) -> bool:
         return self.ready and not self.unschedulable
 
+    @property
+    def cordoned_by_others(self) -> bool:
+        """Cordoned, and not by this rollout: an admin's maintenance, another tool or policy."""
+        return self.unschedulable and self.record.cordon != "rollout"
+
 
 def _float(value: str | None) -> float | None:
     try:

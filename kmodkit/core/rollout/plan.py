@@ -5,7 +5,8 @@ memory: each node moves at most one state per pass, and each move is a single
 merge patch of the node (state label, annotations and cordon together), so a
 crash between passes never leaves a half-made transition. A node is started
 only when the budgets have room after counting every node already in flight or
-unavailable, so no interleaving of passes can overrun them.
+unavailable, so no interleaving of passes can overrun them. A node that is down,
+or cordoned by someone else, is not started at all (see ``hold_of``).
 """
 
 from __future__ import annotations
@@ -69,11 +70,33 @@ class Context:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Why a node that needs the change is not started, whatever the budgets."""
+
+    reason: str
+    message: str
+
+
+NOT_READY = Hold(
+    "NodeNotReady",
+    "the node is not Ready; the rollout starts it once it is Ready again "
+    "(repair or remove the node, or give it the skip label to leave it out)",
+)
+EXTERNAL_CORDON = Hold(
+    "ExternalCordon",
+    "cordoned by someone else, not this rollout: left alone until it is uncordoned "
+    "(or set upgradeCordonedNodes to change it under that cordon, which then stays)",
+)
+
+
+@dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...]
     budget: Budget
     halted: bool
     paused: bool
+    held: Mapping[str, Hold] = field(default_factory=dict)
+    """Nodes waiting in ``required`` that this pass may not start, and why."""
 
 
 def _elapsed(view: NodeView, now: float) -> float:
@@ -179,8 +202,29 @@ def _back_out(view: NodeView, ctx: Context) -> Step | None:
     return _move(view, ctx, None) if view.state is not None else None
 
 
+def hold_of(view: NodeView, policy: UpgradePolicy) -> Hold | None:
+    """Why the rollout may not start this node now, if it may not.
+
+    A node that is down cannot be drained or checked: started, it would hold a
+    slot until its timeout fails it (and, with ``haltOnFailure``, the rollout).
+    A cordon the rollout did not make is someone's decision about the node
+    (maintenance, repair, another rollout); it is honoured unless the policy
+    says to upgrade such nodes.
+    """
+    if not view.ready:
+        return NOT_READY
+    if view.cordoned_by_others and not policy.upgrade_cordoned_nodes:
+        return EXTERNAL_CORDON
+    return None
+
+
 def _cordon(view: NodeView, ctx: Context) -> Step:
-    ours = not view.unschedulable or view.record.cordon == "rollout"
+    # Started but not touched yet: a node that has gone down, or that someone else
+    # has cordoned, since its start goes back to wait instead of being taken over.
+    hold = hold_of(view, ctx.policy)
+    if hold is not None:
+        return _move(view, ctx, State.REQUIRED, reason=hold.reason, message=hold.message)
+    ours = not view.cordoned_by_others
     owner = "rollout" if ours else "external"
     return _move(
         view,
@@ -448,11 +492,32 @@ def is_halted(views: Iterable[NodeView], policy: UpgradePolicy) -> bool:
     return policy.halt_on_failure and any(v.state is State.FAILED and not v.skipped for v in views)
 
 
-def _starts(views: Sequence[NodeView], ctx: Context, budget: Budget) -> list[Step]:
+def _held(views: Iterable[NodeView], ctx: Context) -> dict[str, Hold]:
+    held = {}
+    for view in views:
+        if view.state is State.REQUIRED and view.needs_update and not view.skipped:
+            hold = hold_of(view, ctx.policy)
+            if hold is not None:
+                held[view.name] = hold
+    return held
+
+
+def _starts(
+    views: Sequence[NodeView], ctx: Context, budget: Budget, held: Mapping[str, Hold]
+) -> list[Step]:
     candidates = sorted(
-        (v for v in views if v.state is State.REQUIRED and v.needs_update and not v.skipped),
-        # Nodes already unavailable go first: starting them costs no availability.
-        key=lambda v: (v.available, v.name),
+        (
+            v
+            for v in views
+            if v.state is State.REQUIRED and v.needs_update and not v.skipped and v.name not in held
+        ),
+        # Healthy nodes first, then those already out of service (cordoned by the rollout
+        # after a failure, or by someone else under upgradeCordonedNodes): the likeliest
+        # to fail or time out, holding a slot no healthy node gets meanwhile, and under
+        # haltOnFailure stopping the fleet before any healthy node had the change. They
+        # cost no availability, so they still start in the same pass when a parallel
+        # slot is left: the loop passes over a node the unavailability budget cannot take.
+        key=lambda v: (not v.available, v.name),
     )
     in_progress, unavailable = budget.in_progress, budget.unavailable
     starts = []
@@ -472,6 +537,7 @@ def plan(views: Sequence[NodeView], ctx: Context) -> Plan:
     """One pass: a step for every node that has something to do."""
     budget = budget_of(views, ctx)
     halted = is_halted(views, ctx.policy)
+    held = _held(views, ctx)
     steps = []
     for view in views:
         if view.skipped:
@@ -480,5 +546,5 @@ def plan(views: Sequence[NodeView], ctx: Context) -> Plan:
         if step is not None:
             steps.append(step)
     if not ctx.paused and not halted:
-        steps += _starts(views, ctx, budget)
-    return Plan(tuple(steps), budget, halted, ctx.paused)
+        steps += _starts(views, ctx, budget, held)
+    return Plan(tuple(steps), budget, halted, ctx.paused, held)

@@ -126,7 +126,9 @@ def summarize(
         if view.skipped:
             reason, message = "Skipped", "the node carries the skip label; the rollout leaves it be"
         elif state is State.REQUIRED and step is None:
-            reason, message = wait_reason, wait_message
+            # What holds the node itself outlasts a pause or a halt, so it is said first.
+            hold = plan.held.get(view.name)
+            reason, message = (hold.reason, hold.message) if hold else (wait_reason, wait_message)
         if state in (None, State.DONE) and not reason:
             continue
         details.append(

@@ -15,9 +15,14 @@ apiserver and a driver; what is under test is the planner's decisions.
 Safety, checked at every write: the in-flight and unavailability budgets, legal
 state moves only, an admin's cordon never lifted, the swap hook called only in
 ``swapping`` and never again for a node whose swap was recorded for the same
-target, no start while paused or halted. Liveness, at the end: once the
-cluster behaves (nodes Ready, disruptions allowed, swaps healthy), every node
-finishes and the rollout leaves no cordon of its own behind.
+target, no start while paused or halted, no start of a node that is NotReady
+or that an admin cordoned (unless the policy upgrades cordoned nodes), and no
+swap under an admin's cordon either. Every pass reports the nodes it holds back
+for being down (``NodeNotReady``) or cordoned (``ExternalCordon``). Liveness, at
+the end: once the cluster behaves (nodes Ready, disruptions allowed, swaps
+healthy), every node finishes except those an admin keeps cordoned and those
+waiting only because such nodes fill maxUnavailable; once the admins uncordon
+too, every node finishes and the rollout leaves no cordon of its own behind.
 """
 
 from __future__ import annotations
@@ -42,14 +47,17 @@ from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, PodView, node_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
 from kmodkit.core.rollout.states import BEFORE_SWAP, IN_FLIGHT, NEEDS_PODS, State
+from kmodkit.core.rollout.status import summarize
 
 KEYS = RolloutKeys.for_policy("machine")
 OLD, FIRST, SECOND = "v1", "v2", "v3"
 GATE = "example.com/deploy.telemetry"
 
 # Every move the planner may make: forward along the states (skipping those the
-# policy does not use), backing out before the swap, failing where a step can
-# fail, retrying for a new target, and leaving a node that needs nothing.
+# policy does not use), backing out before the swap, going back to wait when the
+# node went down or an admin cordoned it before the rollout's cordon, failing
+# where a step can fail, retrying for a new target, and leaving a node that
+# needs nothing.
 _ORDER = (
     State.CORDONING,
     State.GATING,
@@ -64,6 +72,7 @@ LEGAL = {
     (State.REQUIRED, None),
     (State.REQUIRED, State.DONE),
     (State.REQUIRED, State.CORDONING),
+    (State.CORDONING, State.REQUIRED),
     *((a, b) for i, a in enumerate(_ORDER) for b in _ORDER[i + 1 :]),
     *((a, State.UNCORDONING) for a in BEFORE_SWAP),
     (State.EVICTING, State.FAILED),
@@ -82,6 +91,7 @@ policies = st.builds(
     max_parallel=st.integers(1, 3),
     max_unavailable=st.one_of(st.integers(1, 3), st.sampled_from(["25%", "50%"])),
     halt_on_failure=st.booleans(),
+    upgrade_cordoned_nodes=st.booleans(),
     deploy_gates=st.sampled_from([{}, {GATE: "false"}]),
     wait_for_completion=st.sampled_from([None, {"podSelector": "job", "timeoutSeconds": 60}]),
     drain=st.sampled_from([{}, {"enable": True, "timeoutSeconds": 120}]),
@@ -208,6 +218,7 @@ class RolloutMachine(RuleBasedStateMachine):
         if starts:
             assert not self.paused, "started a node while paused"
             assert not (self.policy.halt_on_failure and failed), "started a node while halted"
+        self._check_held(views, p)
         # As reconcile: every other step first, then the starts.
         for i, step in enumerate([s for s in p.steps if not _is_start(s)] + starts):
             if i == kill_at or not self._write(step, by_name[step.node], kill_after_swap):
@@ -234,6 +245,11 @@ class RolloutMachine(RuleBasedStateMachine):
         assert (step.before, step.after) in LEGAL, f"{step.node}: {step.before} -> {step.after}"
         if sim.admin_cordon:
             assert sim.cordoned, f"{step.node}: the admin's cordon was lifted"
+        if _is_start(step):
+            assert sim.ready, f"{step.node}: started while NotReady"
+            assert self.policy.upgrade_cordoned_nodes or not sim.admin_cordon, (
+                f"{step.node}: started under an admin's cordon"
+            )
         if step.before not in IN_FLIGHT and step.after in IN_FLIGHT:
             in_flight = sum(1 for s in self.nodes.values() if s.state in IN_FLIGHT)
             assert in_flight <= self.policy.max_parallel, f"{step.node}: over maxParallel"
@@ -246,20 +262,39 @@ class RolloutMachine(RuleBasedStateMachine):
     def _swap(self, sim: SimNode) -> None:
         assert sim.state is State.SWAPPING, f"{sim.name}: swapped in state {sim.state}"
         assert sim.name not in self.recorded_swap, f"{sim.name}: swapped twice"
+        assert self.policy.upgrade_cordoned_nodes or not sim.admin_cordon, (
+            f"{sim.name}: swapped under an admin's cordon"
+        )
         if sim.version != self.target:  # the backend's swap is idempotent
             sim.version = self.target
             sim.verdict = Pending("loading")
             self._changed(sim)  # the swap itself may touch the node object
 
-    def _check_unavailable(self, step: Step) -> None:
-        """A write that takes a node out of service must keep the budget, which
-        counts every node in flight, cordoned or NotReady, except those the rollout
-        is through with (done and current, failed for this target)."""
-        counted = sum(
+    def _check_held(self, views: list[NodeView], p: Any) -> None:
+        """A node waiting to start that is down, or that an admin cordoned, is reported so."""
+        moved = {s.node for s in p.steps}
+        reasons = {n.name: n.reason for n in summarize(views, p, p.steps).nodes}
+        for view in views:
+            if view.state is not State.REQUIRED or not view.needs_update or view.name in moved:
+                continue
+            sim = self.nodes[view.name]
+            if not sim.ready:
+                assert reasons[view.name] == "NodeNotReady", (view.name, reasons)
+            elif sim.admin_cordon and not self.policy.upgrade_cordoned_nodes:
+                assert reasons[view.name] == "ExternalCordon", (view.name, reasons)
+
+    def _unavailable(self) -> int:
+        """What the budget counts: every node in flight, cordoned or NotReady, except
+        those the rollout is through with (done and current, failed for this target)."""
+        return sum(
             1
             for s in self.nodes.values()
             if s.state in IN_FLIGHT or ((s.cordoned or not s.ready) and not self._through_with(s))
         )
+
+    def _check_unavailable(self, step: Step) -> None:
+        """A write that takes a node out of service must keep the budget."""
+        counted = self._unavailable()
         limit = self.policy.max_unavailable_nodes(len(self.nodes))
         assert counted <= limit, (
             f"{step.node} {step.before} -> {step.after}: {counted} unavailable, "
@@ -332,7 +367,8 @@ class RolloutMachine(RuleBasedStateMachine):
     # -- liveness ---------------------------------------------------------------
 
     def teardown(self) -> None:
-        """Once the world behaves, the rollout finishes (halted only by a real failure)."""
+        """Once the world behaves, the rollout finishes (halted only by a real failure),
+        except on nodes an admin keeps cordoned; once those are uncordoned, there too."""
         if not self.nodes:
             return
         self.paused = False
@@ -341,6 +377,17 @@ class RolloutMachine(RuleBasedStateMachine):
             sim.blocked = False
             sim.pods = []
             self._changed(sim)
+        self._settle()
+        self._check_finished(cordons_kept=True)
+        for sim in self.nodes.values():
+            if sim.admin_cordon:
+                sim.raw["spec"].pop("unschedulable", None)
+                sim.admin_cordon = False
+                self._changed(sim)
+        self._settle()
+        self._check_finished(cordons_kept=False)
+
+    def _settle(self) -> None:
         # Each node needs about ten passes; more than that for every node is a stall.
         for _ in range(12 * len(self.nodes)):
             # Every swap turns out healthy, also one made for a target since replaced
@@ -351,13 +398,21 @@ class RolloutMachine(RuleBasedStateMachine):
             if not self._pass():
                 break
             self.now += 30
+
+    def _check_finished(self, cordons_kept: bool) -> None:
         states = {s.name: s.state for s in self.nodes.values()}
         halted = self.policy.halt_on_failure and State.FAILED in states.values()
+        # Nodes an admin keeps cordoned still count against maxUnavailable, so they
+        # may hold the others back; nothing else may.
+        full = self._unavailable() >= self.policy.max_unavailable_nodes(len(self.nodes))
         for sim in self.nodes.values():
+            left_alone = sim.admin_cordon and not self.policy.upgrade_cordoned_nodes
             if sim.state is None:  # idle: it needed nothing (any more)
                 assert sim.version == self.target, f"{sim.name}: never upgraded"
             elif sim.state is State.REQUIRED:
-                assert halted, f"{sim.name}: left waiting, not halted: {states}"
+                assert halted or left_alone or (cordons_kept and full), (
+                    f"{sim.name}: left waiting, not halted: {states}"
+                )
             else:
                 assert sim.state in (State.DONE, State.FAILED), states
         for sim in self.nodes.values():

@@ -11,6 +11,7 @@ from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.observed import NodeRecord, NodeView, PodView
 from kmodkit.core.rollout.plan import Context, Plan, Step, plan
 from kmodkit.core.rollout.states import State
+from kmodkit.core.rollout.status import summarize
 
 KEYS = RolloutKeys.for_policy("ttdp.default")
 NOW = 1_000_000.0
@@ -49,6 +50,16 @@ def only_step(views: list[NodeView], policy: UpgradePolicy | None = None, **kw: 
 def later(view: NodeView, seconds: float) -> NodeView:
     """The same node, with its current state entered ``seconds`` before NOW."""
     return replace(view, record=replace(view.record, since=NOW - seconds))
+
+
+def reported(views: list[NodeView], policy: UpgradePolicy | None = None) -> dict[str, Any]:
+    """What the status says of each node after the pass (the planned steps applied)."""
+    p = run(views, policy)
+    return {n.name: (n.state, n.reason, n.message) for n in summarize(views, p, p.steps).nodes}
+
+
+def starts(views: list[NodeView], policy: UpgradePolicy | None = None) -> list[str]:
+    return [s.node for s in run(views, policy).steps if s.after is State.CORDONING]
 
 
 def labels_of(step: Step) -> dict[str, str | None]:
@@ -161,11 +172,111 @@ def test_a_percentage_budget_rounds_up() -> None:
     assert len(steps) == 3
 
 
-def test_an_already_cordoned_node_starts_first_and_costs_no_availability() -> None:
-    views = [*_required(2), node("zz-cordoned", State.REQUIRED, unschedulable=True)]
-    # The cordoned node already takes one of the two units of unavailability.
-    steps = run(views, UpgradePolicy(max_parallel=3, max_unavailable=2)).steps
-    assert [s.node for s in steps] == ["zz-cordoned", "n00"]
+# Order: healthy nodes first, nodes already out of service after them.
+
+
+def _retried(name: str, **kw: Any) -> NodeView:
+    """Failed for an earlier target, still cordoned by the rollout, waiting to start again."""
+    kw.setdefault("unschedulable", True)
+    return node(name, State.REQUIRED, record=record(target="2.7.0", cordon="rollout"), **kw)
+
+
+def test_healthy_nodes_start_before_nodes_already_out_of_service() -> None:
+    # A node still cordoned after a failure is the likeliest to fail again: it goes
+    # after the healthy ones, whatever its name.
+    views = [_retried("aa-retried"), *_required(2)]
+    assert starts(views, UpgradePolicy(max_parallel=1, max_unavailable=3)) == ["n00"]
+
+
+def test_a_node_already_out_of_service_still_starts_beside_them_at_no_cost() -> None:
+    views = [_retried("aa-retried"), *_required(2)]
+    # The retried node already holds one of the two units of unavailability, so
+    # only one healthy node fits; the retried node takes the spare parallel slot.
+    assert starts(views, UpgradePolicy(max_parallel=3, max_unavailable=2)) == [
+        "n00",
+        "aa-retried",
+    ]
+
+
+# Nodes that are down: not started, reported, started once they are back.
+
+
+def test_a_node_that_is_down_is_not_started_and_the_status_says_why() -> None:
+    views = [node("aa-down", State.REQUIRED, ready=False), *_required(2)]
+    policy = UpgradePolicy(max_parallel=1, max_unavailable=3)
+    assert starts(views, policy) == ["n00"]
+    state, reason, message = reported(views, policy)["aa-down"]
+    assert (state, reason) == ("required", "NodeNotReady")
+    assert "not Ready" in message and "once it is Ready" in message
+
+
+def test_a_down_node_is_never_started_even_with_room_to_spare() -> None:
+    views = [node("down", State.REQUIRED, ready=False), _retried("retried-down", ready=False)]
+    assert starts(views, UpgradePolicy(max_parallel=5, max_unavailable=5)) == []
+
+
+def test_a_node_that_is_back_is_started() -> None:
+    assert starts([node("back", State.REQUIRED, ready=True)]) == ["back"]
+
+
+def test_a_node_that_goes_down_before_the_rollout_cordons_it_backs_out() -> None:
+    step = only_step([node(state=State.CORDONING, ready=False, record=record())])
+    assert (step.after, step.reason) == (State.REQUIRED, "NodeNotReady")
+    assert step.patch is not None and step.patch.unschedulable is None
+    assert KEYS.cordon not in annotations_of(step)
+
+
+# A failed node stops others only through haltOnFailure.
+
+
+def test_without_halt_on_failure_failed_nodes_hold_up_no_one() -> None:
+    views = [
+        # Failed for this target, and down: through with, it counts nowhere.
+        node("aa-failed", State.FAILED, ready=False, unschedulable=True, record=record()),
+        # Failed for an earlier target and down: retried, but not started while down.
+        _retried("ab-retried", ready=False),
+        *_required(1),
+    ]
+    policy = UpgradePolicy(max_parallel=1, max_unavailable=2, halt_on_failure=False)
+    p = run(views, policy)
+    assert not p.halted
+    assert [s.node for s in p.steps if s.after is State.CORDONING] == ["n00"]
+    halting = UpgradePolicy(max_parallel=1, max_unavailable=2, halt_on_failure=True)
+    assert run(views, halting).halted and starts(views, halting) == []
+    assert reported(views, halting)["n00"][1] == "RolloutHalted"
+
+
+# An admin's cordon: left alone unless the policy opts in.
+
+
+def test_a_node_cordoned_by_someone_else_is_left_alone_and_reported() -> None:
+    views = [node("aa-admin", State.REQUIRED, unschedulable=True), *_required(2)]
+    policy = UpgradePolicy(max_parallel=5, max_unavailable=5)
+    assert starts(views, policy) == ["n00", "n01"]
+    state, reason, message = reported(views, policy)["aa-admin"]
+    assert (state, reason) == ("required", "ExternalCordon")
+    assert "uncordon" in message and "upgradeCordonedNodes" in message
+
+
+def test_a_node_the_rollout_cordoned_itself_is_not_an_external_cordon() -> None:
+    assert starts([_retried("retried")]) == ["retried"]
+
+
+def test_an_admins_cordon_that_lands_before_the_rollouts_own_backs_the_node_out() -> None:
+    step = only_step([node(state=State.CORDONING, unschedulable=True, record=record())])
+    assert (step.after, step.reason) == (State.REQUIRED, "ExternalCordon")
+    assert step.patch is not None and step.patch.unschedulable is None
+    assert KEYS.cordon not in annotations_of(step)
+
+
+def opted_in() -> UpgradePolicy:
+    return UpgradePolicy(max_parallel=5, max_unavailable=5, upgrade_cordoned_nodes=True)
+
+
+def test_opted_in_a_cordoned_node_is_upgraded_after_the_healthy_ones() -> None:
+    views = [node("aa-admin", State.REQUIRED, unschedulable=True), *_required(2)]
+    assert starts(views, opted_in()) == ["n00", "n01", "aa-admin"]
+    assert reported(views, opted_in())["aa-admin"][:2] == ("cordoning", "")
 
 
 def test_paused_starts_nothing_but_in_flight_nodes_go_on() -> None:
@@ -206,8 +317,10 @@ def test_cordoning_cordons_and_records_that_the_rollout_did_it() -> None:
     assert annotations_of(step)[KEYS.cordon] == "rollout"
 
 
-def test_an_admins_cordon_is_recorded_as_external_and_not_taken_over() -> None:
-    step = only_step([node(state=State.CORDONING, unschedulable=True, record=record())])
+def test_opted_in_an_admins_cordon_is_recorded_as_external_and_not_taken_over() -> None:
+    view = node(state=State.CORDONING, unschedulable=True, record=record())
+    step = only_step([view], opted_in())
+    assert step.after is State.EVICTING
     assert annotations_of(step)[KEYS.cordon] == "external"
     assert step.reason == "ExternalCordon"
     assert step.patch is not None and step.patch.unschedulable is None
@@ -450,7 +563,7 @@ def test_uncordoning_lifts_the_rollouts_cordon_and_restores_gates() -> None:
     assert ann[KEYS.cordon] is None and ann[KEYS.gates] is None
 
 
-def test_an_external_cordon_stays_and_is_reported() -> None:
+def test_a_cordon_the_node_was_upgraded_under_stays_and_is_reported() -> None:
     view = node(
         state=State.UNCORDONING,
         unschedulable=True,

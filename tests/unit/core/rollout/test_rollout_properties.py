@@ -21,6 +21,7 @@ policies = st.builds(
     max_parallel=st.integers(1, 6),
     max_unavailable=st.one_of(st.integers(1, 8), st.sampled_from(["10%", "25%", "50%", "100%"])),
     halt_on_failure=st.booleans(),
+    upgrade_cordoned_nodes=st.booleans(),
     deploy_gates=st.sampled_from([{}, {"example.com/deploy.telemetry": "false"}]),
     wait_for_completion=st.sampled_from([None, {"podSelector": "job", "timeoutSeconds": 30}]),
     drain=st.sampled_from([{}, {"enable": True, "force": True}]),
@@ -128,6 +129,23 @@ def test_the_rollout_never_uncordons_a_node_it_did_not_cordon(
             assert by_name[step.node].record.cordon == "rollout"
         if step.patch.unschedulable is True:
             assert step.patch.annotations[KEYS.cordon] == "rollout"
+
+
+@settings(max_examples=200)
+@given(clusters(), policies)
+def test_a_node_that_is_down_or_cordoned_by_others_is_never_started(
+    views: list[NodeView], policy: UpgradePolicy
+) -> None:
+    by_name = {v.name: v for v in views}
+    for step in _plan(views, policy).steps:
+        view = by_name[step.node]
+        starts = step.before is State.REQUIRED and step.after is State.CORDONING
+        # Nor is a started one carried past the cordon it would take over (a node
+        # that no longer needs the change may still back out through uncordoning).
+        cordons = step.before is State.CORDONING and step.after in IN_FLIGHT - {State.UNCORDONING}
+        if starts or cordons:
+            assert view.ready
+            assert policy.upgrade_cordoned_nodes or not view.cordoned_by_others
 
 
 @settings(max_examples=150)
