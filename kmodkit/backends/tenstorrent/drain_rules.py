@@ -50,14 +50,22 @@ def gates(enabled: bool, settings: TenstorrentSettings) -> dict[str, str]:
     return dict.fromkeys(settings.deploy_gates, "false") if enabled else {}
 
 
+NO_CAPACITY_BOUND = "100%"
+"""maxUnavailable of both policies. Their knobs, like upstream's, bound what the rollout takes
+out of service (``maxParallel``); nodes out of service for other reasons (down, cordoned by an
+admin) are left alone and hold no other node back. Counted against a budget of one, a single
+such node stopped the whole fleet's rollout."""
+
+
 def driver_policy(upgrade: DriverUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
     """Strictly one node at a time. Without drain the node is still cordoned while its driver
     is swapped, but nothing is gated or evicted: a holder left on it makes the builder refuse."""
     drain = upgrade.drain
     return UpgradePolicy(
         max_parallel=1,
-        max_unavailable=1,
+        max_unavailable=NO_CAPACITY_BOUND,
         halt_on_failure=upgrade.halt_on_failure,
+        upgrade_cordoned_nodes=upgrade.upgrade_cordoned_nodes,
         deploy_gates=gates(drain.enable, settings),
         device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
         drain=Drain(
@@ -79,8 +87,9 @@ def firmware_policy(upgrade: FirmwareUpgradePolicy, settings: TenstorrentSetting
     drain = upgrade.drain
     return UpgradePolicy(
         max_parallel=upgrade.max_parallel,
-        max_unavailable=upgrade.max_parallel,
+        max_unavailable=NO_CAPACITY_BOUND,
         halt_on_failure=upgrade.halt_on_failure,
+        upgrade_cordoned_nodes=upgrade.upgrade_cordoned_nodes,
         deploy_gates=gates(drain.enable, settings),
         device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
         validation_timeout_seconds=upgrade.flash_timeout_seconds + FLASH_START_MARGIN,

@@ -1,9 +1,9 @@
 """TenstorrentDriverPolicy (``ttdp``): tt-kmd and tt-smi on a set of nodes.
 
 Field names and defaults follow upstream tt-k8s-driver-manager, so its
-manifests apply unchanged. Additions: ``upgradePolicy.haltOnFailure`` and
-``upgradePolicy.upgradeTimeoutSeconds``, and a status that also counts
-host-managed and skipped nodes.
+manifests apply unchanged. Additions: ``upgradePolicy.haltOnFailure``,
+``upgradePolicy.upgradeCordonedNodes`` and ``upgradePolicy.upgradeTimeoutSeconds``, and a
+status that also counts host-managed and skipped nodes.
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ class DriverUpgradePolicy(KubeModel):
     """SIGKILL processes still holding /dev/tenstorrent before unloading (loses their work)."""
     halt_on_failure: bool = True
     """Start no further node while a node of this policy has failed."""
+    upgrade_cordoned_nodes: bool = False
+    """Also upgrade nodes someone else cordoned (an admin's maintenance, another tool): drained
+    and upgraded under that cordon, which stays. False leaves them alone, reported
+    ExternalCordon, until they are uncordoned."""
     upgrade_timeout_seconds: int = Field(default=1800, ge=60)
     """Fail the node if its new builder is not Ready at the new version this long after the swap
     (a first build on a node clones tt-kmd and compiles it; later ones hit the cache)."""

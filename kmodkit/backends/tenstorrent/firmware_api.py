@@ -79,6 +79,10 @@ class FirmwareUpgradePolicy(KubeModel):
     drain: FirmwareDrain = Field(default_factory=FirmwareDrain, json_schema_extra=DEFAULTED)
     halt_on_failure: bool = True
     """Start no further node while a node of this policy has failed."""
+    upgrade_cordoned_nodes: bool = False
+    """Also flash nodes someone else cordoned (an admin's maintenance, another tool): drained
+    and flashed under that cordon, which stays. False leaves them alone, reported
+    ExternalCordon, until they are uncordoned."""
 
 
 class Flasher(KubeModel):

@@ -286,3 +286,47 @@ def test_declared_controls_are_what_the_plans_request() -> None:
         assert request.policy_id == controls.policy_id(body["metadata"]["name"])
         assert request.skip_label == controls.skip_label
         assert request.paused is body["spec"][controls.pause_field] is True
+
+
+def _first_starts(plan: Any) -> list[str]:
+    """The nodes the rollout the plan requests would start first, on a fleet where one node is
+    down, one is cordoned by an admin, one failed (for this target) and two are healthy."""
+    from kmodkit.core.rollout.keys import RolloutKeys
+    from kmodkit.core.rollout.observed import NodeRecord
+    from kmodkit.core.rollout.observed import NodeView as RolloutNode
+    from kmodkit.core.rollout.plan import Context
+    from kmodkit.core.rollout.plan import plan as rollout_plan
+    from kmodkit.core.rollout.states import State
+
+    request = plan.rollout
+    assert request is not None
+    failed = NodeRecord(target=request.target, cordon="rollout")
+    views = [
+        RolloutNode("a-down", State.REQUIRED, ready=False, needs_update=True),
+        RolloutNode("b-admin", State.REQUIRED, unschedulable=True, needs_update=True),
+        RolloutNode("c-failed", State.FAILED, unschedulable=True, record=failed),
+        RolloutNode("d-healthy", State.REQUIRED, needs_update=True),
+        RolloutNode("e-healthy", State.REQUIRED, needs_update=True),
+    ]
+    keys = RolloutKeys.for_policy(request.policy_id)
+    steps = rollout_plan(views, Context(request.policy, keys, request.target, 0.0)).steps
+    return [s.node for s in steps if s.after is State.CORDONING]
+
+
+def test_nodes_down_cordoned_or_failed_hold_neither_policy_back() -> None:
+    # The policies bound what the rollout takes out of service, one node (maxParallel)
+    # at a time; other nodes out of service use none of it.
+    driver = driver_plan.plan_at(_ttdp(upgradePolicy={"haltOnFailure": False}), _view([]), NOW)
+    assert _first_starts(driver) == ["d-healthy"]
+    firmware = firmware_plan.plan_at(
+        _ttfwp(upgradePolicy={"haltOnFailure": False, "maxParallel": 2}), _view([]), NOW
+    )
+    assert _first_starts(firmware) == ["d-healthy", "e-healthy"]
+
+
+def test_both_policies_leave_cordoned_nodes_alone_unless_told_to_upgrade_them() -> None:
+    for make, plan_at in ((_ttdp, driver_plan.plan_at), (_ttfwp, firmware_plan.plan_at)):
+        default = plan_at(make(), _view([]), NOW).rollout
+        assert default is not None and default.policy.upgrade_cordoned_nodes is False
+        opted = plan_at(make(upgradePolicy={"upgradeCordonedNodes": True}), _view([]), NOW)
+        assert opted.rollout is not None and opted.rollout.policy.upgrade_cordoned_nodes is True
