@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import ssl
 import time
 import urllib.request
@@ -234,19 +235,41 @@ def _argv(cluster: Cluster, component: str) -> list[str]:
     raise KeyError(component)
 
 
+def _spawn(cluster: Cluster, component: str) -> None:
+    env = dict(os.environ)
+    if component == "kwok":
+        # kwok reads ~/.kwok/kwok.yaml when present; keep a user's file out.
+        env["HOME"] = str(cluster.dir)
+    cluster.pids[component] = procs.spawn(_argv(cluster, component), cluster.log(component), env)
+    cluster.save()
+
+
 def _start(cluster: Cluster, echo: Echo) -> None:
     for component in ORDER:
-        env = dict(os.environ)
-        if component == "kwok":
-            # kwok reads ~/.kwok/kwok.yaml when present; keep a user's file out.
-            env["HOME"] = str(cluster.dir)
-        cluster.pids[component] = procs.spawn(
-            _argv(cluster, component), cluster.log(component), env
-        )
-        cluster.save()
+        _spawn(cluster, component)
         started = time.monotonic()
         _wait_ready(cluster, component)
         echo(f"devcluster:   {component} ready ({time.monotonic() - started:.1f}s)")
+
+
+def restart(cluster: Cluster, component: str, echo: Echo = _say) -> float:
+    """Kill one component (SIGKILL, as a crash would) and start it again; returns how long
+    it was away. The others keep running and reconnect on their own."""
+    binary = str(build.binary(component))
+    started = time.monotonic()
+    pid = cluster.pids[component]
+    if procs.runs(pid, binary):
+        os.kill(pid, signal.SIGKILL)
+        # Gone only once its sockets are: /proc/<pid> outlives the exe link while it exits.
+        while Path(f"/proc/{pid}").exists() and not procs.is_zombie(pid):
+            time.sleep(0.05)
+        procs.reap(pid)
+    procs.wait_port_free(cluster.ports[component])
+    _spawn(cluster, component)
+    _wait_ready(cluster, component)
+    away = time.monotonic() - started
+    echo(f"devcluster:   {component} restarted ({away:.1f}s)")
+    return away
 
 
 def _ssl_context(cluster: Cluster) -> ssl.SSLContext:

@@ -47,6 +47,12 @@ class Operator:
         """The whole log: what a busy operator said a while ago is still in it."""
         return self.log.read_text(errors="replace")
 
+    def kill(self) -> None:
+        """SIGKILL: nothing is cleaned up on the way out."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM and wait; returns the exit code (killed if it does not stop in time)."""
         if self.proc.poll() is None:
@@ -59,14 +65,10 @@ class Operator:
         return int(self.proc.returncode)
 
 
-@contextmanager
-def running_operator(
-    kubeconfig: str | Path, log: Path, *, wait_healthy: bool = True, **env: str
-) -> Iterator[Operator]:
-    """Start ``kmodkit run``, wait until it is healthy (unless told not to: an operator whose
-    start-up is held back answers only later), stop it with SIGTERM afterwards."""
+def launch(kubeconfig: str | Path, log: Path, *args: str, **env: str) -> Operator:
+    """Start ``kmodkit run`` (with extra ``args``), its output appended to ``log``."""
     port = procs.free_port()
-    with open(log, "wb") as fh:
+    with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "kmodkit"),
@@ -75,12 +77,23 @@ def running_operator(
                 "127.0.0.1",
                 "--health-port",
                 str(port),
+                *args,
             ],
             env={**os.environ, "KUBECONFIG": str(kubeconfig), **env},
             stdout=fh,
             stderr=subprocess.STDOUT,
         )
-    op = Operator(proc, port, log)
+    return Operator(proc, port, log)
+
+
+@contextmanager
+def running_operator(
+    kubeconfig: str | Path, log: Path, *, wait_healthy: bool = True, **env: str
+) -> Iterator[Operator]:
+    """Start ``kmodkit run``, wait until it is healthy (unless told not to: an operator whose
+    start-up is held back answers only later), stop it with SIGTERM afterwards."""
+    log.unlink(missing_ok=True)
+    op = launch(kubeconfig, log, **env)
     try:
         if wait_healthy:
             op.wait_healthy()

@@ -23,6 +23,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_port_free(port: int, timeout: float = 30.0) -> None:
+    """Until nothing holds 127.0.0.1:``port``. A port a killed server listened on may be
+    taken meanwhile as the local end of some client's connection (it lies in the
+    ephemeral range); such connections are short-lived."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.2)
+
+
 def spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
@@ -57,25 +74,25 @@ def stop(pid: int, binary: str, grace: float = 10.0) -> None:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not runs(pid, binary) or _is_zombie(pid):
-            _reap(pid)
+        if not runs(pid, binary) or is_zombie(pid):
+            reap(pid)
             return
         time.sleep(0.1)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         return
-    _reap(pid)
+    reap(pid)
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return False
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     # Only our own children can be reaped; for others this is a harmless error.
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)

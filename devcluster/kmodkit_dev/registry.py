@@ -30,16 +30,13 @@ class Registry:
     def url(self) -> str:
         return f"{'https' if self.ca else 'http'}://{self.host}"
 
-    def dockerconfigjson(self) -> str:
-        """The body of a kubernetes.io/dockerconfigjson Secret for this registry."""
-        auth = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        return json.dumps(
-            {
-                "auths": {
-                    self.host: {"username": self.username, "password": self.password, "auth": auth}
-                }
-            }
-        )
+    def dockerconfigjson(self, host: str = "", password: str = "") -> str:
+        """The body of a kubernetes.io/dockerconfigjson Secret for this registry (or for a
+        front of it at ``host``; with another ``password`` to play a wrong one)."""
+        password = password or self.password
+        auth = base64.b64encode(f"{self.username}:{password}".encode()).decode()
+        login = {"username": self.username, "password": password, "auth": auth}
+        return json.dumps({"auths": {host or self.host: login}})
 
     def pull_secret(self, name: str) -> dict[str, Any]:
         """A kubernetes.io/dockerconfigjson Secret named ``name`` holding this registry's login."""

@@ -154,11 +154,14 @@ def _move(
     view: NodeView,
     hooks: RolloutHooks,
     policy_id: str,
+    target: str,
     involved: Mapping[str, str] | None,
     run: _Pass,
 ) -> None:
     assert step.patch is not None
     if step.swap:
+        # Every call, effective or not, so a crash's repeated swap can be told from the log.
+        log.info("rollout %s on node %s: swap hook called for %s", policy_id, step.node, target)
         try:
             hooks.swap(node)
         except Exception as err:
@@ -217,7 +220,7 @@ def reconcile(
             view, node = nodes[step.node]
             _evict(core, step, run)
             if step.patch is not None:
-                _move(core, step, node, view, hooks, policy_id, involved, run)
+                _move(core, step, node, view, hooks, policy_id, target, involved, run)
 
     def is_start(step: Step) -> bool:
         return step.before is State.REQUIRED and step.after is State.CORDONING

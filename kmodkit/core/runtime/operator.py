@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import sys
+import time
 from typing import Any
 
 import kopf
@@ -44,6 +45,7 @@ def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    settings.peering.lifetime = PEER_LIFETIME_SECONDS
 
 
 def build_registry(
@@ -94,16 +96,25 @@ def backend_settings() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("KMODKIT_")}
 
 
+PEER_LIFETIME_SECONDS = 20
+"""How long a silent replica counts as alive: a SIGKILLed active one is replaced this soon."""
+
+
 def _peering(name: str) -> dict[str, Any]:
     """kopf's arguments for running alone, or as one of several replicas.
 
-    Peers in one ClusterKopfPeering pause while a peer of higher priority is
-    alive, and all pause on a tie; a random priority per process makes exactly
-    one replica active, and another takes over once its keep-alives stop.
+    Peers in one ClusterKopfPeering pause while a live peer of higher priority
+    exists. The priority falls with the start time (microseconds, plus a random
+    tie-break below them), so the oldest live replica is the active one: a
+    replica that starts (a restart, a rolling update) never takes over from one
+    that is working, which would leave both writing until the older one noticed.
+    Once the active one stops (or its keep-alives stop for
+    ``PEER_LIFETIME_SECONDS``), the next oldest takes over.
     """
     if not name:
         return {"standalone": True}
-    return {"peering_name": name, "priority": random.randint(1, 2**31 - 1)}
+    started = time.time_ns() // 1000
+    return {"peering_name": name, "priority": ((1 << 52) - started) * 1024 + random.randrange(1024)}
 
 
 def _api_client() -> Any:
