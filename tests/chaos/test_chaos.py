@@ -448,14 +448,25 @@ def _high_availability(
         run.kills["ha-active"] += 1
         run.log(f"killed the active replica {active}")
         replicas[active].restart()
-        took = _first_write_after(faults, killed_at)
+        took = _first_write_after(faults, killed_at, replicas[active])
         run.takeovers.append(took.at - killed_at)
         run.log(f"replica {took.replica} took over after {took.at - killed_at:.1f}s")
 
 
-def _first_write_after(faults: ApiFaults, at: float) -> Write:
+def _first_write_after(faults: ApiFaults, at: float, killed: Replica) -> Write:
+    """The first write after ``at`` by another replica or by the killed one's next life
+    (a request the killed one had sent may still be answered after the kill)."""
+    restarted = killed.lives[-1].started
+
     def first() -> Write | None:
-        return next((wr for wr in faults.writes if wr.at > at), None)
+        return next(
+            (
+                wr
+                for wr in faults.writes
+                if wr.at > at and (wr.replica != killed.index or wr.at > restarted)
+            ),
+            None,
+        )
 
     return wait_until(first, "a replica to take over", timeout=120)
 
