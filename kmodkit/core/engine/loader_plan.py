@@ -275,6 +275,9 @@ class Update:
     pod: LoaderPod
     image: ResolvedMapping
     template: Mapping[str, Any]
+    in_flight: bool = False
+    """A new pod of the same module starts beside it (a Refresh under way): the node
+    holds its place in the budget already."""
 
 
 @dataclass(frozen=True)
@@ -396,15 +399,19 @@ def _within_budget(
 ) -> list[NodeStep]:
     """Which updates and refreshes go now, given ``spent`` of ``budget`` is in use."""
     steps = []
-    # Updates already under way (label gone) finish first and count first.
-    for entry in sorted(waiting, key=lambda u: ctx.ready_key in u.node.labels):
+
+    # Updates already under way (label gone) or in flight finish first and count first.
+    def holds_place(u: Update | Refresh) -> bool:
+        return ctx.ready_key not in u.node.labels or (isinstance(u, Update) and u.in_flight)
+
+    for entry in sorted(waiting, key=lambda u: not holds_place(u)):
         if isinstance(entry, Refresh):
             go = spent < budget
             spent += go
             steps.append(_refresh(entry, go, budget, ctx))
             continue
         under_way = ctx.ready_key not in entry.node.labels
-        if under_way or spent < budget:
+        if holds_place(entry) or spent < budget:
             spent += 1
             steps.append(_unload(entry, under_way, _holders(entry.node, ctx), ctx))
         else:
@@ -470,10 +477,13 @@ def _run(
         return _awaiting_image(node, pods, resolved, image, ctx)
     if not pods.live:
         return _create(node, pods, resolved, template, ctx)
-    newest = pods.live[0]
-    if not newest.ready or newest.kernel != node.kernel:
-        return _replace(node, newest, resolved, template, ctx)
-    return Update(node, newest, resolved, template)
+    # An older pod may serve while the newest starts (a Refresh under way): that is an
+    # update like any other, within the budget and once the gated pods are gone.
+    serving = _ready_pod(node, pods.live)
+    if serving is None:
+        return _replace(node, pods.live[0], resolved, template, ctx)
+    renewing = sum(1 for p in pods.live if p.module_hash == serving.module_hash) > 1
+    return Update(node, serving, resolved, template, renewing)
 
 
 def _current(

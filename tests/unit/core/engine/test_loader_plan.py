@@ -701,3 +701,39 @@ def test_a_retired_node_whose_pod_is_already_leaving_still_gets_an_unloader() ->
     leaving = replace(legacy("xe-loader-a", "a"), deleting=True)
     p = plan(m, [gone], [leaving], {}, SETTINGS, {"a": []})
     assert _unloader_of(p)["spec"]["nodeName"] == "a" and p.delete == []
+
+
+def test_an_update_while_a_new_pod_starts_takes_the_label_away_first() -> None:
+    # The old pod still serves while the pod that renews it starts: replacing the
+    # module there is an update like any other (the label goes, then the gated pods),
+    # not the repair of a node with nothing working.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a = node("a", **{READY: ""})
+    old = running(before, a)
+    (starting,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    pods = [old, _observed(starting)]
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a], pods, all_exist(new, [a]), SETTINGS, {"a": ["x/dp"]})
+    assert outcome(p, "a").reason == "WaitingForConsumers"
+    assert (p.create, p.delete, p.node_labels) == ([], [], {"a": {READY: None}})
+
+
+def test_a_node_whose_new_pod_starts_keeps_its_place_in_the_budget_for_an_update() -> None:
+    # A Refresh under way counts against maxUnavailable; an update asked for meanwhile
+    # must not let another node go beside it.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a, b = node("a", **{READY: ""}), node("b", **{READY: ""})
+    old = running(before, a)
+    (starting,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    pods = [old, _observed(starting), running(before, b)]
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a, b], pods, all_exist(new, [a, b]), SETTINGS)
+    assert outcome(p, "b").reason == "UpdatePending" and "b" not in p.node_labels
+    assert outcome(p, "a").reason == "WaitingForConsumers"
+    assert p.node_labels == {"a": {READY: None}} and (p.create, p.delete) == ([], [])
