@@ -525,10 +525,12 @@ def _current(
         )
     outdated = current.config_hash != template["metadata"]["annotations"][CONFIG_HASH]
     if outdated and current.leaves_loaded and len(same) == 1:
-        if ready is current:
+        if ready is not current:
+            # Not working anyway: replace it without waiting for the budget.
+            return _replace(node, current, resolved, template, ctx)
+        # A new pod that ended goes first: its successor would take its name again.
+        if not superseded:
             return Refresh(node, current, resolved, template)
-        # Not working anyway: replace it without waiting for the budget.
-        return _replace(node, current, resolved, template, ctx)
     return NodeStep(
         node.name,
         outcome,

@@ -737,3 +737,20 @@ def test_a_node_whose_new_pod_starts_keeps_its_place_in_the_budget_for_an_update
     assert outcome(p, "b").reason == "UpdatePending" and "b" not in p.node_labels
     assert outcome(p, "a").reason == "WaitingForConsumers"
     assert p.node_labels == {"a": {READY: None}} and (p.create, p.delete) == ([], [])
+
+
+def test_a_new_pod_the_kubelet_gave_up_on_is_removed_and_the_pod_renewed_again() -> None:
+    # Its successor would take its name (it follows the same pod): asking for it again
+    # is told it exists, so the ended pod must go first.
+    before = module()
+    after = module()
+    after.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    n = node("a", **{READY: ""})
+    old = running(before, n)
+    (successor,) = plan(after, [n], [old], all_exist(after, [n]), SETTINGS).create
+    ended = _observed(successor, phase="Failed")
+    p = plan(after, [n], [old, ended], all_exist(after, [n]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels) == ([], [ended.name], {})
+    assert outcome(p, "a").phase is Phase.LOADED
+    again = plan(after, [n], [old], all_exist(after, [n]), SETTINGS).create
+    assert [pod["metadata"]["name"] for pod in again] == [ended.name]
