@@ -400,9 +400,10 @@ def _within_budget(
     """Which updates and refreshes go now, given ``spent`` of ``budget`` is in use."""
     steps = []
 
-    # Updates already under way (label gone) or in flight finish first and count first.
+    # Updates already under way (label gone) or in flight finish first and count first,
+    # before any refresh (whose node may lack the label only because it just loaded).
     def holds_place(u: Update | Refresh) -> bool:
-        return ctx.ready_key not in u.node.labels or (isinstance(u, Update) and u.in_flight)
+        return isinstance(u, Update) and (ctx.ready_key not in u.node.labels or u.in_flight)
 
     for entry in sorted(waiting, key=lambda u: not holds_place(u)):
         if isinstance(entry, Refresh):

@@ -754,3 +754,19 @@ def test_a_new_pod_the_kubelet_gave_up_on_is_removed_and_the_pod_renewed_again()
     assert outcome(p, "a").phase is Phase.LOADED
     again = plan(after, [n], [old], all_exist(after, [n]), SETTINGS).create
     assert [pod["metadata"]["name"] for pod in again] == [ended.name]
+
+
+def test_an_update_under_way_counts_before_a_refresh_of_a_node_not_labelled_yet() -> None:
+    # a has just loaded the new module (its label comes this pass) but its pod is
+    # outdated; b's update is under way and goes on whatever the budget says.
+    old = module()
+    untolerated = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new = module(
+        modprobe={"moduleName": "xe", "parameters": ["debug=1"]}, rollout={"maxUnavailable": 1}
+    )
+    new.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a, b = node("a"), node("b")
+    pods = [running(untolerated, a), running(old, b)]
+    p = plan(new, [a, b], pods, all_exist(new, [a, b]), SETTINGS, {"b": []})
+    assert outcome(p, "a").reason == "RefreshPending"
+    assert [c["spec"]["nodeName"] for c in p.create] == ["b"]
