@@ -332,9 +332,14 @@ def plan(
     # A pod whose node the caller does not know stays: a node cache still
     # filling (start-up, failover, a restarted watch) must never unload a
     # driver, and the pod GC removes pods of nodes that really are gone.
-    budget = max_unavailable(
-        module.spec.rollout_policy().max_unavailable, out.targeted + len(waiting)
+    # A percentage is of the nodes the selector targets: a node the Module left whose
+    # unload fails is reported, but is not one of them.
+    targeted = sum(
+        1
+        for node, d in zip(ordered, decisions, strict=True)
+        if _selected(node, ctx) and (not isinstance(d, NodeStep) or d.outcome is not None)
     )
+    budget = max_unavailable(module.spec.rollout_policy().max_unavailable, targeted)
     spent = sum(1 for s in settled if s.unavailable or s.in_flight)
     for step in _within_budget(waiting, spent, budget, ctx):
         _apply(out, step)

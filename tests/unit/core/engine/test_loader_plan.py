@@ -770,3 +770,32 @@ def test_an_update_under_way_counts_before_a_refresh_of_a_node_not_labelled_yet(
     p = plan(new, [a, b], pods, all_exist(new, [a, b]), SETTINGS, {"b": []})
     assert outcome(p, "a").reason == "RefreshPending"
     assert [c["spec"]["nodeName"] for c in p.create] == ["b"]
+
+
+def test_a_percentage_budget_is_of_the_selected_nodes_only() -> None:
+    # Nodes the Module left whose unload keeps failing are reported, not targeted.
+    old = module()
+    new = module(
+        modprobe={"moduleName": "xe", "parameters": ["debug=1"]}, rollout={"maxUnavailable": "50%"}
+    )
+    selected = [node(n, **{READY: ""}) for n in "ab"]
+    left = [NodeView(n, {"gpu": "amd"}, K1) for n in "cd"]
+    failing: dict[str, Any] = {
+        "containerStatuses": [
+            {
+                "name": "agent",
+                "restartCount": 2,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 3, "message": "held by pid 42"}},
+            }
+        ]
+    }
+    unloaders = []
+    for n in left:
+        retired = plan(old, [n], [running(old, node(n.name))], {}, SETTINGS, {n.name: []})
+        unloaders.append(_observed(_unloader_of(retired), **failing))
+    pods = [*(running(old, n) for n in selected), *unloaders]
+    nodes = [*selected, *left]
+    p = plan(new, nodes, pods, all_exist(new, nodes), SETTINGS)
+    assert [o.reason for o in p.outcomes if o.node in "cd"] == ["UnloadFailed"] * 2
+    assert len([n for n, c in p.node_labels.items() if c.get(READY, "") is None]) == 1
