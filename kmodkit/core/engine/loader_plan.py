@@ -278,6 +278,8 @@ class Update:
     in_flight: bool = False
     """A new pod of the same module starts beside it (a Refresh under way): the node
     holds its place in the budget already."""
+    leaving: tuple[str, ...] = ()
+    """The node's loader pods being deleted."""
 
 
 @dataclass(frozen=True)
@@ -487,9 +489,10 @@ def _run(
     # update like any other, within the budget and once the gated pods are gone.
     serving = _ready_pod(node, pods.live)
     if serving is None:
-        return _replace(node, pods.live[0], resolved, template, ctx)
+        return _replace(node, pods.live[0], resolved, template, ctx, pods.leaving)
     renewing = sum(1 for p in pods.live if p.module_hash == serving.module_hash) > 1
-    return Update(node, serving, resolved, template, renewing)
+    leaving = tuple(p.name for p in pods.leaving)
+    return Update(node, serving, resolved, template, renewing, leaving)
 
 
 def _current(
@@ -533,7 +536,7 @@ def _current(
     if outdated and current.leaves_loaded and len(same) == 1:
         if ready is not current:
             # Not working anyway: replace it without waiting for the budget.
-            return _replace(node, current, resolved, template, ctx)
+            return _replace(node, current, resolved, template, ctx, pods.leaving)
         # A new pod that ended goes first: its successor would take its name again.
         if not superseded:
             return Refresh(node, current, resolved, template)
@@ -628,12 +631,20 @@ def _successor(
     pod: LoaderPod,
     template: Mapping[str, Any],
     ctx: Context,
+    leaving: Iterable[str] = (),
 ) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
     """What replaces ``pod``: its successor is made first and the pod deleted in the same
-    pass; a pod that unloads on SIGTERM is deleted alone, its successor made once it is gone."""
+    pass; a pod that unloads on SIGTERM is deleted alone, its successor made once it is gone.
+
+    A successor's name follows from ``pod``: an earlier successor of it still being
+    deleted (``leaving``) holds that name, and asking for it would be told it exists,
+    so ``pod`` stays until that one is gone."""
     if not pod.leaves_loaded:
         return None, (pod.name,)
-    return for_node(template, ctx.module, node, pod.uid), (pod.name,)
+    successor = for_node(template, ctx.module, node, pod.uid)
+    if successor["metadata"]["name"] in set(leaving):
+        return None, ()
+    return successor, (pod.name,)
 
 
 def _replace(
@@ -642,10 +653,11 @@ def _replace(
     resolved: ResolvedMapping,
     template: Mapping[str, Any],
     ctx: Context,
+    leaving: Iterable[LoaderPod] = (),
 ) -> NodeStep:
     # Nothing useful is loaded (it never came up, or the node rebooted into
     # another kernel): replacing it spends no budget.
-    create, delete = _successor(node, pod, template, ctx)
+    create, delete = _successor(node, pod, template, ctx, (p.name for p in leaving))
     message = f"replacing loader pod {pod.name}"
     return _going(node, "Replacing", message, resolved, ctx, create, delete)
 
@@ -695,7 +707,7 @@ def _unload(
     new one swaps the module)."""
     node, pod = update.node, update.pod
     if under_way and holders is not None and not holders:
-        create, delete = _successor(node, pod, update.template, ctx)
+        create, delete = _successor(node, pod, update.template, ctx, update.leaving)
         message = f"replacing the old module ({pod.name})"
         return _going(node, "Unloading", message, update.image, ctx, create, delete)
     return NodeStep(

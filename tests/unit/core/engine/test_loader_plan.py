@@ -799,3 +799,21 @@ def test_a_percentage_budget_is_of_the_selected_nodes_only() -> None:
     p = plan(new, nodes, pods, all_exist(new, nodes), SETTINGS)
     assert [o.reason for o in p.outcomes if o.node in "cd"] == ["UnloadFailed"] * 2
     assert len([n for n, c in p.node_labels.items() if c.get(READY, "") is None]) == 1
+
+
+def test_a_pod_stays_while_an_earlier_successor_of_it_holds_its_successors_name() -> None:
+    # The pod that was to renew it was deleted and is still going: the successor the
+    # update asks for has that name, and the apiserver would say it exists.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a = node("a")  # the update's label went on an earlier pass
+    old = running(before, a)
+    (renewal,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    going = replace(_observed(renewal), deleting=True)
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a], [old, going], all_exist(new, [a]), SETTINGS, {"a": []})
+    assert (p.create, p.delete) == ([], [])
+    (successor,) = plan(new, [a], [old], all_exist(new, [a]), SETTINGS, {"a": []}).create
+    assert successor["metadata"]["name"] == going.name
