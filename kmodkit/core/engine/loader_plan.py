@@ -275,6 +275,11 @@ class Update:
     pod: LoaderPod
     image: ResolvedMapping
     template: Mapping[str, Any]
+    in_flight: bool = False
+    """A new pod of the same module starts beside it (a Refresh under way): the node
+    holds its place in the budget already."""
+    leaving: tuple[str, ...] = ()
+    """The node's loader pods being deleted."""
 
 
 @dataclass(frozen=True)
@@ -329,9 +334,14 @@ def plan(
     # A pod whose node the caller does not know stays: a node cache still
     # filling (start-up, failover, a restarted watch) must never unload a
     # driver, and the pod GC removes pods of nodes that really are gone.
-    budget = max_unavailable(
-        module.spec.rollout_policy().max_unavailable, out.targeted + len(waiting)
+    # A percentage is of the nodes the selector targets: a node the Module left whose
+    # unload fails is reported, but is not one of them.
+    targeted = sum(
+        1
+        for node, d in zip(ordered, decisions, strict=True)
+        if _selected(node, ctx) and (not isinstance(d, NodeStep) or d.outcome is not None)
     )
+    budget = max_unavailable(module.spec.rollout_policy().max_unavailable, targeted)
     spent = sum(1 for s in settled if s.unavailable or s.in_flight)
     for step in _within_budget(waiting, spent, budget, ctx):
         _apply(out, step)
@@ -396,15 +406,20 @@ def _within_budget(
 ) -> list[NodeStep]:
     """Which updates and refreshes go now, given ``spent`` of ``budget`` is in use."""
     steps = []
-    # Updates already under way (label gone) finish first and count first.
-    for entry in sorted(waiting, key=lambda u: ctx.ready_key in u.node.labels):
+
+    # Updates already under way (label gone) or in flight finish first and count first,
+    # before any refresh (whose node may lack the label only because it just loaded).
+    def holds_place(u: Update | Refresh) -> bool:
+        return isinstance(u, Update) and (ctx.ready_key not in u.node.labels or u.in_flight)
+
+    for entry in sorted(waiting, key=lambda u: not holds_place(u)):
         if isinstance(entry, Refresh):
             go = spent < budget
             spent += go
             steps.append(_refresh(entry, go, budget, ctx))
             continue
         under_way = ctx.ready_key not in entry.node.labels
-        if under_way or spent < budget:
+        if holds_place(entry) or spent < budget:
             spent += 1
             steps.append(_unload(entry, under_way, _holders(entry.node, ctx), ctx))
         else:
@@ -470,10 +485,14 @@ def _run(
         return _awaiting_image(node, pods, resolved, image, ctx)
     if not pods.live:
         return _create(node, pods, resolved, template, ctx)
-    newest = pods.live[0]
-    if not newest.ready or newest.kernel != node.kernel:
-        return _replace(node, newest, resolved, template, ctx)
-    return Update(node, newest, resolved, template)
+    # An older pod may serve while the newest starts (a Refresh under way): that is an
+    # update like any other, within the budget and once the gated pods are gone.
+    serving = _ready_pod(node, pods.live)
+    if serving is None:
+        return _replace(node, pods.live[0], resolved, template, ctx, pods.leaving)
+    renewing = sum(1 for p in pods.live if p.module_hash == serving.module_hash) > 1
+    leaving = tuple(p.name for p in pods.leaving)
+    return Update(node, serving, resolved, template, renewing, leaving)
 
 
 def _current(
@@ -515,10 +534,12 @@ def _current(
         )
     outdated = current.config_hash != template["metadata"]["annotations"][CONFIG_HASH]
     if outdated and current.leaves_loaded and len(same) == 1:
-        if ready is current:
+        if ready is not current:
+            # Not working anyway: replace it without waiting for the budget.
+            return _replace(node, current, resolved, template, ctx, pods.leaving)
+        # A new pod that ended goes first: its successor would take its name again.
+        if not superseded:
             return Refresh(node, current, resolved, template)
-        # Not working anyway: replace it without waiting for the budget.
-        return _replace(node, current, resolved, template, ctx)
     return NodeStep(
         node.name,
         outcome,
@@ -610,12 +631,20 @@ def _successor(
     pod: LoaderPod,
     template: Mapping[str, Any],
     ctx: Context,
+    leaving: Iterable[str] = (),
 ) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
     """What replaces ``pod``: its successor is made first and the pod deleted in the same
-    pass; a pod that unloads on SIGTERM is deleted alone, its successor made once it is gone."""
+    pass; a pod that unloads on SIGTERM is deleted alone, its successor made once it is gone.
+
+    A successor's name follows from ``pod``: an earlier successor of it still being
+    deleted (``leaving``) holds that name, and asking for it would be told it exists,
+    so ``pod`` stays until that one is gone."""
     if not pod.leaves_loaded:
         return None, (pod.name,)
-    return for_node(template, ctx.module, node, pod.uid), (pod.name,)
+    successor = for_node(template, ctx.module, node, pod.uid)
+    if successor["metadata"]["name"] in set(leaving):
+        return None, ()
+    return successor, (pod.name,)
 
 
 def _replace(
@@ -624,10 +653,11 @@ def _replace(
     resolved: ResolvedMapping,
     template: Mapping[str, Any],
     ctx: Context,
+    leaving: Iterable[LoaderPod] = (),
 ) -> NodeStep:
     # Nothing useful is loaded (it never came up, or the node rebooted into
     # another kernel): replacing it spends no budget.
-    create, delete = _successor(node, pod, template, ctx)
+    create, delete = _successor(node, pod, template, ctx, (p.name for p in leaving))
     message = f"replacing loader pod {pod.name}"
     return _going(node, "Replacing", message, resolved, ctx, create, delete)
 
@@ -677,7 +707,7 @@ def _unload(
     new one swaps the module)."""
     node, pod = update.node, update.pod
     if under_way and holders is not None and not holders:
-        create, delete = _successor(node, pod, update.template, ctx)
+        create, delete = _successor(node, pod, update.template, ctx, update.leaving)
         message = f"replacing the old module ({pod.name})"
         return _going(node, "Unloading", message, update.image, ctx, create, delete)
     return NodeStep(

@@ -701,3 +701,119 @@ def test_a_retired_node_whose_pod_is_already_leaving_still_gets_an_unloader() ->
     leaving = replace(legacy("xe-loader-a", "a"), deleting=True)
     p = plan(m, [gone], [leaving], {}, SETTINGS, {"a": []})
     assert _unloader_of(p)["spec"]["nodeName"] == "a" and p.delete == []
+
+
+def test_an_update_while_a_new_pod_starts_takes_the_label_away_first() -> None:
+    # The old pod still serves while the pod that renews it starts: replacing the
+    # module there is an update like any other (the label goes, then the gated pods),
+    # not the repair of a node with nothing working.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a = node("a", **{READY: ""})
+    old = running(before, a)
+    (starting,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    pods = [old, _observed(starting)]
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a], pods, all_exist(new, [a]), SETTINGS, {"a": ["x/dp"]})
+    assert outcome(p, "a").reason == "WaitingForConsumers"
+    assert (p.create, p.delete, p.node_labels) == ([], [], {"a": {READY: None}})
+
+
+def test_a_node_whose_new_pod_starts_keeps_its_place_in_the_budget_for_an_update() -> None:
+    # A Refresh under way counts against maxUnavailable; an update asked for meanwhile
+    # must not let another node go beside it.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a, b = node("a", **{READY: ""}), node("b", **{READY: ""})
+    old = running(before, a)
+    (starting,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    pods = [old, _observed(starting), running(before, b)]
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a, b], pods, all_exist(new, [a, b]), SETTINGS)
+    assert outcome(p, "b").reason == "UpdatePending" and "b" not in p.node_labels
+    assert outcome(p, "a").reason == "WaitingForConsumers"
+    assert p.node_labels == {"a": {READY: None}} and (p.create, p.delete) == ([], [])
+
+
+def test_a_new_pod_the_kubelet_gave_up_on_is_removed_and_the_pod_renewed_again() -> None:
+    # Its successor would take its name (it follows the same pod): asking for it again
+    # is told it exists, so the ended pod must go first.
+    before = module()
+    after = module()
+    after.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    n = node("a", **{READY: ""})
+    old = running(before, n)
+    (successor,) = plan(after, [n], [old], all_exist(after, [n]), SETTINGS).create
+    ended = _observed(successor, phase="Failed")
+    p = plan(after, [n], [old, ended], all_exist(after, [n]), SETTINGS)
+    assert (p.create, p.delete, p.node_labels) == ([], [ended.name], {})
+    assert outcome(p, "a").phase is Phase.LOADED
+    again = plan(after, [n], [old], all_exist(after, [n]), SETTINGS).create
+    assert [pod["metadata"]["name"] for pod in again] == [ended.name]
+
+
+def test_an_update_under_way_counts_before_a_refresh_of_a_node_not_labelled_yet() -> None:
+    # a has just loaded the new module (its label comes this pass) but its pod is
+    # outdated; b's update is under way and goes on whatever the budget says.
+    old = module()
+    untolerated = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new = module(
+        modprobe={"moduleName": "xe", "parameters": ["debug=1"]}, rollout={"maxUnavailable": 1}
+    )
+    new.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a, b = node("a"), node("b")
+    pods = [running(untolerated, a), running(old, b)]
+    p = plan(new, [a, b], pods, all_exist(new, [a, b]), SETTINGS, {"b": []})
+    assert outcome(p, "a").reason == "RefreshPending"
+    assert [c["spec"]["nodeName"] for c in p.create] == ["b"]
+
+
+def test_a_percentage_budget_is_of_the_selected_nodes_only() -> None:
+    # Nodes the Module left whose unload keeps failing are reported, not targeted.
+    old = module()
+    new = module(
+        modprobe={"moduleName": "xe", "parameters": ["debug=1"]}, rollout={"maxUnavailable": "50%"}
+    )
+    selected = [node(n, **{READY: ""}) for n in "ab"]
+    left = [NodeView(n, {"gpu": "amd"}, K1) for n in "cd"]
+    failing: dict[str, Any] = {
+        "containerStatuses": [
+            {
+                "name": "agent",
+                "restartCount": 2,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 3, "message": "held by pid 42"}},
+            }
+        ]
+    }
+    unloaders = []
+    for n in left:
+        retired = plan(old, [n], [running(old, node(n.name))], {}, SETTINGS, {n.name: []})
+        unloaders.append(_observed(_unloader_of(retired), **failing))
+    pods = [*(running(old, n) for n in selected), *unloaders]
+    nodes = [*selected, *left]
+    p = plan(new, nodes, pods, all_exist(new, nodes), SETTINGS)
+    assert [o.reason for o in p.outcomes if o.node in "cd"] == ["UnloadFailed"] * 2
+    assert len([n for n, c in p.node_labels.items() if c.get(READY, "") is None]) == 1
+
+
+def test_a_pod_stays_while_an_earlier_successor_of_it_holds_its_successors_name() -> None:
+    # The pod that was to renew it was deleted and is still going: the successor the
+    # update asks for has that name, and the apiserver would say it exists.
+    before = module()
+    renewed = module()
+    renewed.spec.tolerations = [Toleration(key="example.com/maintenance", operator="Exists")]
+    a = node("a")  # the update's label went on an earlier pass
+    old = running(before, a)
+    (renewal,) = plan(renewed, [a], [old], all_exist(renewed, [a]), SETTINGS).create
+    going = replace(_observed(renewal), deleting=True)
+    new = module(modprobe={"moduleName": "xe", "parameters": ["debug=1"]})
+    new.spec.tolerations = renewed.spec.tolerations
+    p = plan(new, [a], [old, going], all_exist(new, [a]), SETTINGS, {"a": []})
+    assert (p.create, p.delete) == ([], [])
+    (successor,) = plan(new, [a], [old], all_exist(new, [a]), SETTINGS, {"a": []}).create
+    assert successor["metadata"]["name"] == going.name
