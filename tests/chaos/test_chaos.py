@@ -87,8 +87,9 @@ def chaos_cluster() -> Iterator[devcluster.Cluster]:
 class Run:
     """Everything one chaos run holds, and the steps it takes."""
 
-    def __init__(self, cluster: devcluster.Cluster, tmp: Path, seed: int) -> None:
+    def __init__(self, cluster: devcluster.Cluster, tmp: Path, seed: int, capsys: Any) -> None:
         self.cluster = cluster
+        self.capsys = capsys
         self.tmp = tmp
         self.seed = seed
         self.rng = random.Random(seed)
@@ -100,6 +101,11 @@ class Run:
         self.steps_done: set[float] = set()
         self.registry: Any = None
         self.targets: dict[str, list[str]] = {"module": ["v1"], "driver": ["2.8.0"], "firmware": []}
+
+    def report(self, line: str) -> None:
+        """A line for the test output, shown whether the test passes or not."""
+        with self.capsys.disabled():
+            print(f"\n{line}", flush=True)
 
     def log(self, msg: str) -> None:
         print(f"chaos {time.strftime('%H:%M:%S')} {msg}", flush=True)
@@ -135,11 +141,11 @@ def _bump(run: Run, world: w.World, what: str) -> None:
 
 
 def test_the_operator_loses_nothing_to_kills_and_faults(
-    chaos_cluster: devcluster.Cluster, tmp_path: Path
+    chaos_cluster: devcluster.Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seed = int(os.environ.get("KMODKIT_CHAOS_SEED") or random.randrange(1 << 31))
-    print(f"\nchaos seed {seed} (set KMODKIT_CHAOS_SEED={seed} to replay the schedule)")
-    run = Run(chaos_cluster, tmp_path, seed)
+    run = Run(chaos_cluster, tmp_path, seed, capsys)
+    run.report(f"chaos seed {seed} (set KMODKIT_CHAOS_SEED={seed} to replay the schedule)")
     registry = devregistry.start(
         tmp_path / "registry", "kmodkit", secrets.token_urlsafe(16), tls=True
     )
@@ -555,16 +561,15 @@ def _verdict(
     ]
     kills = sum(run.kills.values())
     takeover = f"{max(run.takeovers):.1f}s" if run.takeovers else "none"
-    print(
-        f"\nCHAOS SUMMARY seed={run.seed} kills={kills} ({dict(run.kills)}) "
+    run.report(
+        f"CHAOS SUMMARY seed={run.seed} kills={kills} ({dict(run.kills)}) "
         f"takeovers={len(run.takeovers)} max={takeover} "
         f"faults={dict(faults.injected)} other={dict(run.events)} "
         f"swap-calls={sum(calls.values())} repeated={repeated} "
         f"checks={inv.checks} violations={inv.breaches} "
         f"max-in-flight={dict(inv.max_in_flight)} "
         f"max-module-unsettled={inv.max_module_unavailable} "
-        f"readiness-changes={inv.readiness_changes}",
-        flush=True,
+        f"readiness-changes={inv.readiness_changes}"
     )
     assert not errors, sorted(set(errors))
     assert kills >= KILLS

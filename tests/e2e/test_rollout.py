@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client, watch
 
 from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.waiting import wait_until
@@ -30,16 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 GATE = "tenstorrent.com/deploy.tt-telemetry"
 SKIP = "driver.tenstorrent.com/skip"
 TARGET = "2.8.0"
-IN_FLIGHT = {
-    "cordoning",
-    "gating",
-    "waiting-for-jobs",
-    "evicting",
-    "draining",
-    "swapping",
-    "validating",
-    "uncordoning",
-}
 
 
 class Fleet:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev.nodes import KWOK_ANNOTATION
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
@@ -36,16 +37,6 @@ from tests.integration.test_tt_support import (
 pytestmark = pytest.mark.cluster
 
 KMD = "driver.tenstorrent.com/kmd-version"
-IN_FLIGHT = {
-    "cordoning",
-    "gating",
-    "waiting-for-jobs",
-    "evicting",
-    "draining",
-    "swapping",
-    "validating",
-    "uncordoning",
-}
 
 
 class Fleet:
