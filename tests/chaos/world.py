@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kmodkit.backends.tenstorrent import keys as tt_keys
 from kmodkit.backends.tenstorrent import names as tt_names
@@ -35,7 +34,6 @@ GATE = "tenstorrent.com/deploy.tt-telemetry"
 MODULES = ("kmodkit.io", "v1alpha1", "modules")
 DRIVER = ("driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies")
 FIRMWARE = ("firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies")
-MERGE = "application/merge-patch+json"
 WEB = "web"
 
 
@@ -284,11 +282,3 @@ def kmd_versions(core: client.CoreV1Api, nodes: Iterable[str]) -> dict[str, str 
         n: (core.read_node(n).metadata.labels or {}).get(tt_keys.TT_KMD_VERSION_LABEL)
         for n in nodes
     }
-
-
-def delete_quietly(fn: Any, *args: Any, **kw: Any) -> None:
-    try:
-        fn(*args, **kw)
-    except ApiException as err:
-        if err.status != 404:
-            raise
