@@ -48,10 +48,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import registry as devregistry
+from kmodkit_dev import tenstorrent_demo as demo
 from kmodkit_dev.api_proxy import api_proxy
 from kmodkit_dev.waiting import wait_until
 from tests.chaos import world as w
@@ -61,6 +63,7 @@ from tests.chaos.replicas import Replica, activity_overlaps
 from tests.chaos.watch_feed import WatchFeed
 from tests.integration import registry_fronts
 from tests.integration.crds_util import install
+from tests.integration.helm import CHART
 from tests.integration.test_tt_support import FakeBuilder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
@@ -242,10 +245,6 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
 
 
 def _peering_crd(api: Any) -> None:
-    import yaml
-
-    from tests.integration.helm import CHART
-
     crd = yaml.safe_load((CHART / "crds" / "kopf.dev_clusterkopfpeerings.yaml").read_text())
     client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
     objects = client.CustomObjectsApi(api)
@@ -324,8 +323,6 @@ def _install_phase(run: Run, world: w.World, op: Replica, inv: Invariants) -> No
 
 
 def _telemetry(world: w.World) -> dict[str, Any]:
-    from kmodkit_dev import tenstorrent_demo as demo
-
     return demo.telemetry_daemonset({"chaos": world.tag})
 
 
