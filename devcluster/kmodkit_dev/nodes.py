@@ -90,3 +90,19 @@ def fleet(count: int, profile: str = "mixed", prefix: str = "node") -> list[dict
         )
         for i in range(count)
     ]
+
+
+def set_down(core: Any, node: str, down: bool) -> None:
+    """Make a kwok node NotReady (kwok stops playing its kubelet) or bring it back (kwok
+    manages it again and marks it Ready)."""
+    if not down:
+        core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}})
+        return
+    core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: None}}})
+    condition = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "KubeletNotReady",
+        "message": "taken away by the test: kwok no longer serves this node",
+    }
+    core.patch_node_status(node, {"status": {"conditions": [condition]}})

@@ -55,6 +55,7 @@ from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev import tenstorrent_demo as demo
 from kmodkit_dev.api_proxy import api_proxy
+from kmodkit_dev.nodes import set_down
 from kmodkit_dev.waiting import wait_until
 from tests.chaos import world as w
 from tests.chaos.faults import TRAPS, ApiFaults, Write
@@ -369,13 +370,13 @@ def _storm_events(run: Run, world: w.World, kills: int, front: Any, registry: An
     """Faults beyond the operator, at fixed points of the storm (once each)."""
     core = run.core
     steps: dict[float, Callable[[], object]] = {
-        0.15: lambda: w.set_down(core, world.goes_down, True),
+        0.15: lambda: set_down(core, world.goes_down, True),
         0.3: lambda: _restart_apiserver(run),
         0.4: lambda: _registry_trouble(run, world, front, "5xx"),
         0.5: lambda: _registry_trouble(run, world, front, "stall"),
         0.55: lambda: _registry_trouble(run, world, front, "wrong-password"),
         0.6: lambda: _registry_trouble(run, world, front, "proxy"),
-        0.7: lambda: w.set_down(core, world.goes_down, False),
+        0.7: lambda: set_down(core, world.goes_down, False),
     }
     for at, step in steps.items():
         if kills >= at * KILLS and at not in run.steps_done:

@@ -27,7 +27,7 @@ from kmodkit.core import labels
 from kmodkit.core.engine.loader_pod import MODULE_LABEL
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit_dev import tenstorrent_demo as demo
-from kmodkit_dev.nodes import KWOK_ANNOTATION, TENSTORRENT_LABELS, node_manifest
+from kmodkit_dev.nodes import TENSTORRENT_LABELS, node_manifest
 
 KERNEL = "6.8.0-45-generic"
 GATE = "tenstorrent.com/deploy.tt-telemetry"
@@ -215,29 +215,6 @@ def patch_spec(
         objects.patch_namespaced_custom_object(group, version, ns, plural, name, body)
     else:
         objects.patch_cluster_custom_object(group, version, plural, name, body)
-
-
-def set_down(core: client.CoreV1Api, node: str, down: bool) -> None:
-    """Make a kwok node go NotReady (kwok stops serving it) or come back."""
-    if down:
-        core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: None}}})
-        core.patch_node_status(
-            node,
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "Unknown",
-                            "reason": "NodeStatusUnknown",
-                            "message": "the chaos harness took this node away",
-                        }
-                    ]
-                }
-            },
-        )
-    else:
-        core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}})
 
 
 def module_settled(

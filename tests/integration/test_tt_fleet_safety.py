@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from kmodkit.core.rollout.states import IN_FLIGHT
-from kmodkit_dev.nodes import KWOK_ANNOTATION
+from kmodkit_dev.nodes import set_down
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
@@ -83,26 +83,10 @@ class Fleet:
         return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
     def take_down(self, node: str) -> None:
-        """kwok stops playing the node's kubelet, and the node says it is not Ready."""
-        self.core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: None}}})
-        self.core.patch_node_status(
-            node,
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "False",
-                            "reason": "KubeletNotReady",
-                            "message": "container runtime is down",
-                        }
-                    ]
-                }
-            },
-        )
+        set_down(self.core, node, True)
 
     def bring_back(self, node: str) -> None:
-        self.core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}})
+        set_down(self.core, node, False)
 
 
 class Watcher:
