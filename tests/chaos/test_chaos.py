@@ -236,6 +236,12 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
             _calm(run, world, replicas, inv)
             for r in replicas:
                 r.stop()
+    except BaseException:
+        # A run that stalls (a rollout never finishing) is often the result of what
+        # the invariants already saw: show it, not only the timeout.
+        if inv.violations:
+            run.report(f"seed {run.seed}: violations seen:\n" + "\n".join(inv.violations[:10]))
+        raise
     finally:
         for r in replicas:
             r.stop()

@@ -35,6 +35,8 @@ MODULES = ("kmodkit.io", "v1alpha1", "modules")
 DRIVER = ("driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies")
 FIRMWARE = ("firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies")
 WEB = "web"
+LOAD_TIME = "4s"
+"""How long a loader pod of the changing Module takes to turn Ready."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,21 @@ class World:
         ]
 
     def module(self, name: str, version: str, selector: dict[str, str]) -> dict[str, Any]:
+        """A Module of the fleet. The changing one's loader pods turn Ready only after a
+        few seconds (kwok's stages read the toleration), as a real load takes: otherwise
+        kwok settles every node at once and its budget is never tested."""
+        slow = (
+            [
+                {
+                    "key": "kmodkit.io/simulate-ready-after",
+                    "operator": "Equal",
+                    "value": LOAD_TIME,
+                    "effect": "NoSchedule",
+                }
+            ]
+            if name == self.changing
+            else []
+        )
         return {
             "apiVersion": "kmodkit.io/v1alpha1",
             "kind": "Module",
@@ -125,6 +142,7 @@ class World:
                 "selector": {"chaos": self.tag, **selector},
                 "imageRepoSecret": {"name": "pull"},
                 "rollout": {"maxUnavailable": "10%"},
+                **({"tolerations": slow} if slow else {}),
                 "moduleLoader": {
                     "container": {
                         "modprobe": {"moduleName": f"chaos_{name}"},

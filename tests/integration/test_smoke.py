@@ -131,6 +131,37 @@ def _pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def test_a_pod_that_asks_to_turn_ready_late_does(
+    kube_api: Any, namespace: str, kwok_node: str
+) -> None:
+    """kwok's pod-ready stage waits as long as a pod's toleration of
+    kmodkit.io/simulate-ready-after says (the chaos harness's slow loads)."""
+    core = client.CoreV1Api(kube_api)
+    late = _pod("late", kwok_node, {})
+    late["spec"]["tolerations"] = [
+        {
+            "key": "kmodkit.io/simulate-ready-after",
+            "operator": "Equal",
+            "value": "4s",
+            "effect": "NoSchedule",
+        }
+    ]
+    core.create_namespaced_pod(namespace, late)
+    core.create_namespaced_pod(namespace, _pod("quick", kwok_node, {}))
+
+    def ready_after(name: str) -> float | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        ready = [c for c in pod.status.conditions or [] if c.type == "Ready" and c.status == "True"]
+        if not ready:
+            return None
+        return (ready[0].last_transition_time - pod.metadata.creation_timestamp).total_seconds()
+
+    wait_until(lambda: ready_after("quick") is not None, "the quick pod to turn Ready")
+    wait_until(lambda: ready_after("late") is not None, "the late pod to turn Ready")
+    # Both times are whole seconds: 4 s after creation is at least 3 s by them.
+    assert (ready_after("late") or 0) >= 3
+
+
 def test_eviction_honours_pod_disruption_budget(
     kube_api: Any, namespace: str, kwok_node: str
 ) -> None:
