@@ -126,9 +126,11 @@ class NodeAgent:
                 "a built-in module cannot be replaced by a loadable one",
                 reasons=list(decision.reasons),
             )
+        # Before the load: udev gives the device nodes their mode only as it creates
+        # them, so a rule installed after insmod would leave them root-only.
+        self._install_host_files()
         if decision.action is not LoadAction.NOTHING:
             self._load_modules(observed, decision.unload_first, image, expected)
-        self._install_host_files()
         self._log_ready()
 
     def unload(self, *, force: bool) -> None:
