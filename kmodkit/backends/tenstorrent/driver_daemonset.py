@@ -81,7 +81,9 @@ def pod_template(
             "hostPID": True,
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
-            "affinity": affinity(spec.selector(), keys.TT_DRIVER_SKIP_LABEL),
+            "affinity": affinity(
+                spec.selector(), keys.TT_DRIVER_SKIP_LABEL, settings.require_pci_label
+            ),
             "terminationGracePeriodSeconds": 60,
             "containers": [
                 {
