@@ -23,6 +23,7 @@ from typing import ParamSpec, TypeVar
 
 from kmodkit.agent.atomic_file import install_file
 from kmodkit.agent.build_cache import ModuleCache
+from kmodkit.agent.build_process import BuildRunner, run_streaming
 from kmodkit.agent.config import AgentConfig
 from kmodkit.agent.errors import AgentError, DeviceBusy, HostManaged
 from kmodkit.agent.firmware import place_firmware, remove_firmware
@@ -61,7 +62,7 @@ class HostAccess:
     """How the agent reaches the node; tests swap in a simulated kernel."""
 
     kmod_runner: CommandRunner = run_subprocess
-    build_runner: CommandRunner = run_subprocess
+    build_runner: BuildRunner = run_streaming
     kill: Killer = os.kill
     poll_interval: float = 0.25
     lock_timeout: float = 300.0
@@ -236,6 +237,7 @@ class NodeAgent:
                 command=build.command,
                 run=self.access.build_runner,
                 timeout=build.timeout_seconds,
+                on_line=lambda line: self.log.info("build.output", line=line),
             )
             self.log.info("build.done", kernel=self.kernel, version=version, output_tail=tail)
         return ModuleSource(cache=cache, version=version)
