@@ -43,6 +43,7 @@ from kmodkit.agent.kernel_state import (
 from kmodkit.agent.kmod import CommandRunner, Kmod, KmodError, run_subprocess
 from kmodkit.agent.plan import (
     LoadAction,
+    LoadDecision,
     assess_unload,
     decide_load,
     plan_in_tree_removal,
@@ -65,6 +66,7 @@ class HostAccess:
     build_runner: BuildRunner = run_streaming
     kill: Killer = os.kill
     poll_interval: float = 0.25
+    pause_poll_interval: float = 5.0
     lock_timeout: float = 300.0
 
 
@@ -100,10 +102,27 @@ class NodeAgent:
 
     def load(self) -> None:
         self._require_container_mode()
+        if self.paused() and self._decide()[3].action is not LoadAction.NOTHING:
+            self.log.info("load.paused", message="the policy is paused; loading waits for it")
+            while self.paused():
+                time.sleep(self.access.pause_poll_interval)
+            self.log.info("load.unpaused")
+            self._require_container_mode()  # DKMS may have come back meanwhile
         with self._lock():
             self._load_locked()
 
-    def _load_locked(self) -> None:
+    def paused(self) -> bool:
+        """Whether the pause file says ``true`` (no file: not paused)."""
+        if self.config.pause_file is None:
+            return False
+        try:
+            return Path(self.config.pause_file).read_text().strip().lower() == "true"
+        except OSError:
+            return False
+
+    def _decide(
+        self,
+    ) -> tuple[ModuleSource | None, dict[str, str], dict[str, ModuleObservation], LoadDecision]:
         # The image's modules are what this agent must have loaded: checked
         # first, so a loaded build that is not theirs is never taken as ready.
         image = None if self.config.build is not None else self._check_image()
@@ -113,6 +132,11 @@ class NodeAgent:
         decision = decide_load(
             order, observed, self.config.version, self.replaces_in_tree, expected
         )
+        return image, expected, observed, decision
+
+    def _load_locked(self) -> None:
+        image, expected, observed, decision = self._decide()
+        order = self.config.loading_order
         self.log.info(
             "load.decision",
             action=str(decision.action),

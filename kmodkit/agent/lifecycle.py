@@ -78,13 +78,17 @@ def serve(
         agent.log.info("serving", unload_on_terminate=unload_on_terminate)
         _look(agent, readiness, host_managed)
         next_check = time.monotonic() + recheck_seconds
+        paused = False
         while not stop.wait(_WAKE_SECONDS):
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + recheck_seconds
             if not host_managed and _dkms_returned(agent):
                 return Outcome.HOST_MANAGED
-            if not host_managed:
+            if agent.paused() != paused:
+                paused = not paused
+                agent.log.info("paused" if paused else "unpaused")
+            if not host_managed and not paused:
                 try:
                     agent.reload_if_gone()
                 except AgentError as exc:  # the readiness says so; tried again later
