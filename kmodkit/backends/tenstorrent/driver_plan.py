@@ -18,7 +18,7 @@ from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.builder_pods import BuilderPod, pods_by_node
 from kmodkit.backends.tenstorrent.drain_rules import driver_policy
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from kmodkit.backends.tenstorrent.driver_daemonset import daemonset
+from kmodkit.backends.tenstorrent.driver_daemonset import control_map, daemonset
 from kmodkit.backends.tenstorrent.driver_hooks import (
     DriverHooks,
     DriverTarget,
@@ -218,7 +218,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     }
     busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
     return Plan(
-        objects=[ds] if create else [],
+        objects=[ds, control_map(name, view.operator_namespace, spec.paused)] if create else [],
         status=status,
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(

@@ -166,7 +166,26 @@ def test_paused_policy_starts_no_builder_until_unpaused() -> None:
     assert _states(paused) == {"a": ("Pending", "Paused")}
     conditions = {c["type"]: c["reason"] for c in paused.status["conditions"]}
     assert conditions["Progressing"] == "Paused"
-    assert len(driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")]), NOW).objects) == 1
+    kept = driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")]), NOW).objects
+    assert [o["kind"] for o in kept] == ["DaemonSet", "ConfigMap"]
+
+
+def test_the_pause_reaches_running_builders_through_their_control_map() -> None:
+    def control(paused: bool) -> tuple[dict[str, str], str]:
+        objects = driver_plan.plan_at(_ttdp(paused=paused), _view([_node("a")]), NOW).objects
+        ds, cm = objects
+        return cm["data"], str(
+            ds["metadata"]["annotations"]["driver.tenstorrent.com/template-hash"]
+        )
+
+    (paused, paused_hash), (running, running_hash) = control(True), control(False)
+    assert paused == {"paused": "true"} and running == {"paused": "false"}
+    assert paused_hash == running_hash, "pausing must not make the running builders stale"
+    ds = driver_plan.plan_at(_ttdp(), _view([_node("a")]), NOW).objects[0]
+    pod = ds["spec"]["template"]["spec"]
+    assert {"name": "policy", "configMap": {"name": ds["metadata"]["name"]}} in pod["volumes"]
+    mount = {"name": "policy", "mountPath": "/run/tt-builder/policy", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
 
 
 def test_drain_off_means_no_gates_and_no_eviction() -> None:
