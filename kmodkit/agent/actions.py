@@ -122,7 +122,7 @@ class NodeAgent:
 
     def _decide(
         self,
-    ) -> tuple[ModuleSource | None, dict[str, str], dict[str, ModuleObservation], LoadDecision]:
+    ) -> tuple[ModuleSource | None, Mapping[str, str], dict[str, ModuleObservation], LoadDecision]:
         # The image's modules are what this agent must have loaded: checked
         # first, so a loaded build that is not theirs is never taken as ready.
         image = None if self.config.build is not None else self._check_image()
