@@ -276,6 +276,18 @@ def test_surviving_holder_crash_loops_until_force_unload(fleet: tuple[Fleet, Fak
     wait_until(lambda: f.status()["summary"].get("failed") == 0, "no failed node")
 
 
+def _control_map(f: Fleet) -> dict[str, str]:
+    return dict(f.core.read_namespaced_config_map(f"ttdrv-{f.policy}", f.namespace).data or {})
+
+
+def _builder_pods(f: Fleet) -> dict[str, str]:
+    return {
+        p.spec.node_name: p.metadata.name
+        for p in f.core.list_namespaced_pod(f.namespace, label_selector=BUILDER_SELECTOR).items
+        if p.spec.node_name and not p.metadata.deletion_timestamp
+    }
+
+
 def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> None:
     f, _ = fleet
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"version": "2.12.0", "paused": True}})
@@ -291,10 +303,18 @@ def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> Non
         "nodes waiting on the pause",
     )
     assert _uncordoned(f) and _all_at(f, "2.11.0")
+    # The pause reaches the builders that already run through their control map.
+    builders = _builder_pods(f)
+    wait_until(lambda: _control_map(f) == {"paused": "true"}, "the control map says paused")
+    assert _builder_pods(f) == builders, "pausing replaces no builder"
+    pod = f.core.read_namespaced_pod(next(iter(builders.values())), f.namespace)
+    volumes = {v.name: v.config_map.name for v in pod.spec.volumes if v.config_map}
+    assert volumes == {"policy": f"ttdrv-{f.policy}"}
 
     skipped = f.nodes[2]
     label_node(f.api, skipped, {"driver.tenstorrent.com/skip": "true"})
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"paused": False}})
+    wait_until(lambda: _control_map(f) == {"paused": "false"}, "the control map says unpaused")
     wait_until(
         lambda: _all_at(f, "2.12.0", f.nodes[:2]) and _uncordoned(f),
         "2.12.0 on the others",

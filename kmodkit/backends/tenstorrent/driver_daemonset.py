@@ -68,6 +68,7 @@ def pod_template(
             "value": "true" if spec.upgrade_policy.force_unload else "false",
         },
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "KMODKIT_HOST_ROOT", "value": HOST_ROOT},
         *settings.env(),
     ]

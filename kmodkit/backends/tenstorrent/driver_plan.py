@@ -23,6 +23,7 @@ from kmodkit.backends.tenstorrent.driver_hooks import (
     DriverHooks,
     DriverTarget,
     is_stale,
+    is_standing_by,
     needs_update,
 )
 from kmodkit.backends.tenstorrent.selection import covers
@@ -99,6 +100,13 @@ def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
             "HostManagedKMD",
             "DKMS manages tt-kmd on this node; the operator stands by "
             "(vacate DKMS to hand the node over)",
+        )
+    if rollout in (None, State.DONE) and is_standing_by(node.labels, pod):
+        return row(
+            "Pending",
+            "TakeoverRequired",
+            "DKMS is gone; the node is taken over through the rollout "
+            "(cordon, drain, then its builder is replaced)",
         )
     if pod is not None and pod.image_pull_problem:
         return row(

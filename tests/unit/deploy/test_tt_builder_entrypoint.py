@@ -23,6 +23,7 @@ SCRIPT = (
 
 AGENT = r"""#!/bin/sh
 for cmd; do :; done
+echo "$cmd" >> /state/calls
 case "$cmd" in
   detect)
     echo '{"event": "host_mode.detected"}'
@@ -107,6 +108,7 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
             "PATH": "/bin",
             "TT_KMD_VERSION": "2.9.0",
             "NODE_NAME": "node-1",
+            "POD_NAME": "ttdrv-p-abcde",
             "TT_REDETECT_SECONDS": "0.1",
         },
     )
@@ -117,9 +119,7 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
 
 
 def test_back_to_host_mode_when_dkms_returns_while_serving(builder: Builder) -> None:
-    builder.read_until("host_mode.detected")
-    _wait_for(lambda: any('/install-mode":"host"' in lab for lab in builder.labels()))
-    builder.set("mode", "container")  # the admin vacated DKMS
+    builder.set("mode", "container")
     builder.set("go")
     builder.read_until('"serving"')
     assert '"driver.tenstorrent.com/install-mode":"container"' in builder.labels()[-1]
@@ -128,6 +128,21 @@ def test_back_to_host_mode_when_dkms_returns_while_serving(builder: Builder) -> 
     builder.read_until("host_managed.detected")
     _wait_for(lambda: '/install-mode":"host"' in builder.labels()[-1])
     assert builder.process.poll() is None, "the builder stands by again, it does not exit"
+
+
+def test_a_standby_builder_leaves_the_takeover_to_the_rollout(builder: Builder) -> None:
+    builder.read_until("host_mode.detected")
+    _wait_for(lambda: any('/install-mode":"host"' in lab for lab in builder.labels()))
+    builder.set("mode", "container")  # the admin vacated DKMS
+    builder.read_until("waiting for the rollout")
+    _wait_for(
+        lambda: '"driver.tenstorrent.com/standby-pod":"ttdrv-p-abcde"' in builder.labels()[-1]
+    )
+    assert '"driver.tenstorrent.com/install-mode":null' in builder.labels()[-1]
+    time.sleep(0.5)  # several looks
+    calls = (builder.root / "state" / "calls").read_text().split()
+    assert "load" not in calls, "it must not load by itself"
+    assert builder.process.poll() is None
 
 
 def test_load_output_is_shown_while_the_load_runs(builder: Builder) -> None:

@@ -349,3 +349,25 @@ def test_both_policies_leave_cordoned_nodes_alone_unless_told_to_upgrade_them() 
         assert default is not None and default.policy.upgrade_cordoned_nodes is False
         opted = plan_at(make(upgradePolicy={"upgradeCordonedNodes": True}), _view([]), NOW)
         assert opted.rollout is not None and opted.rollout.policy.upgrade_cordoned_nodes is True
+
+
+def test_a_vacated_standby_node_is_taken_over_through_the_rollout() -> None:
+    target = DriverTarget("2.9.0", _digest(), False, True)
+    standby = builder_pod(_pod("a", _digest(), ready=False))
+    successor = builder_pod(
+        {
+            **_pod("a", _digest()),
+            "metadata": {**_pod("a", _digest())["metadata"], "name": "ttdrv-default-new"},
+        }
+    )
+    labels = {"driver.tenstorrent.com/standby-pod": standby.name}
+
+    assert needs_update(labels, standby, target), "the takeover is rolled (cordon, drain)"
+    assert isinstance(verdict(labels, standby, target), Pending)
+    # The successor is not the pod named on the node: it is what the swap waits for.
+    assert not needs_update(labels, successor, target)
+
+    plan = driver_plan.plan_at(
+        _ttdp(), _view([_node("a", **labels)], [_pod("a", _digest(), ready=False)]), NOW
+    )
+    assert _states(plan) == {"a": ("Pending", "TakeoverRequired")}
