@@ -327,21 +327,34 @@ def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> Non
     wait_until(lambda: _all_at(f, "2.12.0") and _uncordoned(f), "2.12.0 everywhere", timeout=60)
 
 
-def test_vacated_dkms_node_is_taken_over(fleet: tuple[Fleet, FakeBuilder]) -> None:
+def test_vacated_dkms_node_is_taken_over_under_cordon_and_drain(
+    fleet: tuple[Fleet, FakeBuilder],
+) -> None:
     f, builder = fleet
-    # The vacate procedure removed the DKMS signals; the builder re-detects on its next start.
-    builder.dkms.discard(f.dkms_node)
-    for pod in f.core.list_namespaced_pod(
-        f.namespace, label_selector=BUILDER_SELECTOR, field_selector=f"spec.nodeName={f.dkms_node}"
-    ).items:
-        f.core.delete_namespaced_pod(pod.metadata.name, f.namespace)
-    wait_until(
-        lambda: node_labels(f.api, f.dkms_node).get(INSTALL_MODE) == "container",
-        "install-mode flips to container",
-        timeout=60,
+    node = f.dkms_node
+    client.AppsV1Api(f.api).create_namespaced_deployment(
+        f.namespace, demo_objects.device_holder(node)
     )
-    wait_until(
-        lambda: f.node_states().get(f.dkms_node, ("",))[0] == "Done", "the node is Done", timeout=60
-    )
+    wait_until(lambda: _running_on(f, f"app={demo_objects.HOLDER_APP}").get(node) == 1, "holder")
+    watcher = Watcher(f)
+    try:
+        # The vacate procedure removed the DKMS signals; the standby builder notices.
+        standby = builder.vacate(node)
+        wait_until(
+            lambda: node_labels(f.api, node).get(INSTALL_MODE) == "container",
+            "install-mode flips to container",
+            timeout=90,
+        )
+        wait_until(
+            lambda: f.node_states().get(node, ("",))[0] == "Done" and _uncordoned(f),
+            "the node is Done and uncordoned",
+            timeout=60,
+        )
+    finally:
+        watcher.stop()
+    assert node in watcher.cordoned_ever, "the takeover cordons the node"
+    assert node not in watcher.swapped_under_holder, "the holder was evicted before the swap"
+    assert standby not in _builder_pods(f).values()
+    assert "driver.tenstorrent.com/standby-pod" not in node_labels(f.api, node)
     s = f.status()["summary"]
     assert s["hostManaged"] == 0 and s["ready"] == 4
