@@ -332,6 +332,8 @@ def test_vacated_dkms_node_is_taken_over_under_cordon_and_drain(
 ) -> None:
     f, builder = fleet
     node = f.dkms_node
+    # An earlier test turned the drain off (with it off, a takeover only cordons).
+    patch_policy(f.api, DRIVER, f.policy, {"spec": {"upgradePolicy": {"drain": {"enable": True}}}})
     client.AppsV1Api(f.api).create_namespaced_deployment(
         f.namespace, demo_objects.device_holder(node)
     )
