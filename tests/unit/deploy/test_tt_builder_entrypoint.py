@@ -142,6 +142,9 @@ def test_a_standby_builder_leaves_the_takeover_to_the_rollout(builder: Builder) 
     time.sleep(0.5)  # several looks
     calls = (builder.root / "state" / "calls").read_text().split()
     assert "load" not in calls, "it must not load by itself"
+    assert calls.count("detect") > 3
+    # A label write when what it found changes, not one per look.
+    assert len(builder.labels()) == 2, builder.labels()
     assert builder.process.poll() is None
 
 
