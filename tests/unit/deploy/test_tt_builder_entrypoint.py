@@ -8,6 +8,8 @@ to the API server.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -104,6 +106,7 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
         [shutil.which("chroot") or "chroot", str(root), "/bin/sh", "-c", SCRIPT],
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,
         env={
             "PATH": "/bin",
             "TT_KMD_VERSION": "2.9.0",
@@ -113,8 +116,9 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
         },
     )
     yield Builder(root, process)
-    if process.poll() is None:
-        process.kill()
+    # The whole group: the stand-in agent the script started must not outlive the test.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
 
 
