@@ -23,6 +23,7 @@ from typing import ParamSpec, TypeVar
 
 from kmodkit.agent.atomic_file import install_file
 from kmodkit.agent.build_cache import ModuleCache
+from kmodkit.agent.build_process import BuildRunner, run_streaming
 from kmodkit.agent.config import AgentConfig
 from kmodkit.agent.errors import AgentError, DeviceBusy, HostManaged
 from kmodkit.agent.firmware import place_firmware, remove_firmware
@@ -42,6 +43,7 @@ from kmodkit.agent.kernel_state import (
 from kmodkit.agent.kmod import CommandRunner, Kmod, KmodError, run_subprocess
 from kmodkit.agent.plan import (
     LoadAction,
+    LoadDecision,
     assess_unload,
     decide_load,
     plan_in_tree_removal,
@@ -61,9 +63,10 @@ class HostAccess:
     """How the agent reaches the node; tests swap in a simulated kernel."""
 
     kmod_runner: CommandRunner = run_subprocess
-    build_runner: CommandRunner = run_subprocess
+    build_runner: BuildRunner = run_streaming
     kill: Killer = os.kill
     poll_interval: float = 0.25
+    pause_poll_interval: float = 5.0
     lock_timeout: float = 300.0
 
 
@@ -99,10 +102,27 @@ class NodeAgent:
 
     def load(self) -> None:
         self._require_container_mode()
+        if self.paused() and self._decide()[3].action is not LoadAction.NOTHING:
+            self.log.info("load.paused", message="the policy is paused; loading waits for it")
+            while self.paused():
+                time.sleep(self.access.pause_poll_interval)
+            self.log.info("load.unpaused")
+            self._require_container_mode()  # DKMS may have come back meanwhile
         with self._lock():
             self._load_locked()
 
-    def _load_locked(self) -> None:
+    def paused(self) -> bool:
+        """Whether the pause file says ``true`` (no file: not paused)."""
+        if self.config.pause_file is None:
+            return False
+        try:
+            return Path(self.config.pause_file).read_text().strip().lower() == "true"
+        except OSError:
+            return False
+
+    def _decide(
+        self,
+    ) -> tuple[ModuleSource | None, Mapping[str, str], dict[str, ModuleObservation], LoadDecision]:
         # The image's modules are what this agent must have loaded: checked
         # first, so a loaded build that is not theirs is never taken as ready.
         image = None if self.config.build is not None else self._check_image()
@@ -112,6 +132,11 @@ class NodeAgent:
         decision = decide_load(
             order, observed, self.config.version, self.replaces_in_tree, expected
         )
+        return image, expected, observed, decision
+
+    def _load_locked(self) -> None:
+        image, expected, observed, decision = self._decide()
+        order = self.config.loading_order
         self.log.info(
             "load.decision",
             action=str(decision.action),
@@ -126,9 +151,11 @@ class NodeAgent:
                 "a built-in module cannot be replaced by a loadable one",
                 reasons=list(decision.reasons),
             )
+        # Before the load: udev gives the device nodes their mode only as it creates
+        # them, so a rule installed after insmod would leave them root-only.
+        self._install_host_files()
         if decision.action is not LoadAction.NOTHING:
             self._load_modules(observed, decision.unload_first, image, expected)
-        self._install_host_files()
         self._log_ready()
 
     def unload(self, *, force: bool) -> None:
@@ -234,6 +261,7 @@ class NodeAgent:
                 command=build.command,
                 run=self.access.build_runner,
                 timeout=build.timeout_seconds,
+                on_line=lambda line: self.log.info("build.output", line=line),
             )
             self.log.info("build.done", kernel=self.kernel, version=version, output_tail=tail)
         return ModuleSource(cache=cache, version=version)

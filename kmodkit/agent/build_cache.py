@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kmodkit.agent.build_process import TIMED_OUT, BuildRunner
 from kmodkit.agent.errors import AgentError
 from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.kernel_state import kernel_name
-from kmodkit.agent.kmod import CommandRunner
 
 _OUTPUT_TAIL_LINES = 40
 
@@ -51,10 +51,12 @@ class ModuleCache:
         version: str,
         modules: tuple[str, ...],
         command: list[str],
-        run: CommandRunner,
+        run: BuildRunner,
         timeout: float,
+        on_line: Callable[[str], None],
     ) -> list[str]:
-        """Run the build command and publish its output; returns the output tail."""
+        """Run the build command (each output line to ``on_line`` as it comes) and
+        publish what it built; returns the output tail."""
         headers = self.host.path(f"/lib/modules/{kernel}/build")
         if not (headers / "Makefile").is_file():
             raise BuildFailed(
@@ -72,8 +74,18 @@ class ModuleCache:
                 env=_build_env(kernel, version, staging, headers),
                 cwd=staging,
                 timeout=timeout,
+                on_line=on_line,
             )
-            tail = _tail(result.stdout + result.stderr)
+            tail = _tail(result.stdout)
+            if result.returncode == TIMED_OUT:
+                raise BuildFailed(
+                    f"build of version {version} for kernel {kernel} did not finish in "
+                    f"{timeout:g}s (build.timeoutSeconds) and was stopped; the loaded driver "
+                    "was left in place. A clone that hangs is often a missing proxy setting",
+                    kernel=kernel,
+                    version=version,
+                    output_tail=tail,
+                )
             if result.returncode != 0:
                 raise BuildFailed(
                     f"build of version {version} for kernel {kernel} exited "

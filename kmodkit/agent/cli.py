@@ -26,7 +26,13 @@ from kmodkit.agent.errors import AgentError, ConfigError, ExitCode, HostManaged
 from kmodkit.agent.host_mode import InstallMode
 from kmodkit.agent.hostroot import HostRoot
 from kmodkit.agent.jsonlog import EventLog
-from kmodkit.agent.lifecycle import install_stop_handlers, loop_readiness, serve
+from kmodkit.agent.lifecycle import (
+    RECHECK_SECONDS,
+    Outcome,
+    install_stop_handlers,
+    loop_readiness,
+    serve,
+)
 from kmodkit.agent.readiness import serve_readiness
 from kmodkit.agent.staging import STAGING_ENV, claimed, release_module
 
@@ -227,6 +233,13 @@ def install_file_command(inv: _Invocation, source: Path, target: str, mode: str)
     help="Answer GET /readyz on this port (200 ready, 503 not) from the loop's last look.",
 )
 @click.option(
+    "--recheck-seconds",
+    type=click.FloatRange(min=0),
+    default=RECHECK_SECONDS,
+    show_default=True,
+    help="How often the loop looks at the kernel and for DKMS.",
+)
+@click.option(
     "--readiness-host",
     default="",
     help="Address to answer readiness on; default: all (the kubelet probes the pod's IP).",
@@ -237,23 +250,28 @@ def run(
     force_unload: bool | None,
     unload_on_terminate: bool | None,
     readiness_port: int | None,
+    recheck_seconds: float,
     readiness_host: str,
 ) -> None:
-    """Load, then stay up until SIGTERM (the loader container's main process)."""
+    """Load, then stay up until SIGTERM (the loader container's main process).
+
+    Exits 4 (host-managed), the driver left loaded, when DKMS signals appear meanwhile."""
     stop = threading.Event()
     install_stop_handlers(stop)
 
-    def body(log: EventLog) -> None:
+    def body(log: EventLog) -> ExitCode:
         agent = inv.agent(log, force_unload=force_unload, unload_on_terminate=unload_on_terminate)
-        readiness = loop_readiness()
+        readiness = loop_readiness(recheck_seconds)
         if readiness_port is not None:
             serve_readiness(readiness, readiness_port, readiness_host)
         with claimed(inv.host, os.environ.get(STAGING_ENV), log):
-            serve(
+            outcome = serve(
                 agent,
                 stop,
                 unload_on_terminate=agent.config.unload_on_terminate,
+                recheck_seconds=recheck_seconds,
                 readiness=readiness,
             )
+        return ExitCode.HOST_MANAGED if outcome is Outcome.HOST_MANAGED else ExitCode.OK
 
     _finish("run", body)

@@ -114,6 +114,9 @@ class AgentConfig(_Model):
     build: BuildConfig | None = None
     host_files: list[HostFile] = Field(default_factory=list)
     unload_on_terminate: bool = False
+    # A file (in the container) whose content "true" holds the agent back from changing
+    # the kernel by itself: a paused policy's pods keep what is loaded.
+    pause_file: str | None = None
 
     @model_validator(mode="after")
     def _build_needs_version(self) -> Self:

@@ -2,7 +2,10 @@
 
 Load, then stay up, looking at the kernel every 10 s: load again if the driver
 vanished (a manual rmmod, a crashed module) and keep what it saw for the pod's
-readiness probe (``kmodkit.agent.readiness``), until the kubelet sends SIGTERM. What happens
+readiness probe (``kmodkit.agent.readiness``), until the kubelet sends SIGTERM.
+Each look also checks for DKMS: an admin rolling the node back to DKMS gets a
+loader that stands down (``Outcome.HOST_MANAGED``, the driver left loaded) so
+its entrypoint reports the node host-managed again. What happens
 then is a choice (``unloadOnTerminate``): unloading frees the node for another
 driver; leaving the module loaded keeps workloads running across a loader pod
 restart or an operator upgrade (the built-in engine's loaders leave it, and
@@ -14,10 +17,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from enum import Enum
 from types import FrameType
 
 from kmodkit.agent.actions import NodeAgent
 from kmodkit.agent.errors import AgentError, HostManaged
+from kmodkit.agent.host_mode import InstallMode, detect_host_mode
 from kmodkit.agent.readiness import Readiness
 
 # How often the idle loop wakes to notice a stop request.
@@ -28,6 +33,13 @@ RECHECK_SECONDS = 10.0
 STALE_AFTER_CHECKS = 6
 # DKMS loads the driver on such a node: this pod's own module is not what runs.
 HOST_MANAGED_PROBLEM = "DKMS manages the driver on this node"
+
+
+class Outcome(Enum):
+    STOPPED = "stopped"
+    """The kubelet asked the loader to stop."""
+    HOST_MANAGED = "host_managed"
+    """DKMS signals appeared while serving: the driver is the host's again."""
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
@@ -50,7 +62,7 @@ def serve(
     unload_on_terminate: bool,
     recheck_seconds: float = RECHECK_SECONDS,
     readiness: Readiness | None = None,
-) -> None:
+) -> Outcome:
     """Load, then look every ``recheck_seconds``: load a vanished driver again and
     keep in ``readiness`` what the kernel has (the pod's readiness probe reads it)."""
     readiness = readiness or loop_readiness(recheck_seconds)
@@ -66,11 +78,17 @@ def serve(
         agent.log.info("serving", unload_on_terminate=unload_on_terminate)
         _look(agent, readiness, host_managed)
         next_check = time.monotonic() + recheck_seconds
+        paused = False
         while not stop.wait(_WAKE_SECONDS):
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + recheck_seconds
-            if not host_managed:
+            if not host_managed and _dkms_returned(agent):
+                return Outcome.HOST_MANAGED
+            if agent.paused() != paused:
+                paused = not paused
+                agent.log.info("paused" if paused else "unpaused")
+            if not host_managed and not paused:
                 try:
                     agent.reload_if_gone()
                 except AgentError as exc:  # the readiness says so; tried again later
@@ -78,9 +96,24 @@ def serve(
             _look(agent, readiness, host_managed)
     if host_managed or not unload_on_terminate:
         agent.log.info("terminating.left_loaded", host_managed=host_managed)
-        return
+        return Outcome.STOPPED
     agent.log.info("terminating.unloading")
     agent.unload(force=agent.config.force_unload)
+    return Outcome.STOPPED
+
+
+def _dkms_returned(agent: NodeAgent) -> bool:
+    # Checked before any reload: a driver DKMS is reinstalling is not ours to load again.
+    report = detect_host_mode(agent.host, agent.config.dkms_names)
+    if report.mode is not InstallMode.HOST:
+        return False
+    agent.log.warning(
+        "host_managed.detected",
+        message="DKMS manages the driver on this node again; the loader stands down "
+        "and leaves the loaded driver in place",
+        signals=[s.path for s in report.signals],
+    )
+    return True
 
 
 def _look(agent: NodeAgent, readiness: Readiness, host_managed: bool) -> None:

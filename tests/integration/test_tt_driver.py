@@ -276,6 +276,18 @@ def test_surviving_holder_crash_loops_until_force_unload(fleet: tuple[Fleet, Fak
     wait_until(lambda: f.status()["summary"].get("failed") == 0, "no failed node")
 
 
+def _control_map(f: Fleet) -> dict[str, str]:
+    return dict(f.core.read_namespaced_config_map(f"ttdrv-{f.policy}", f.namespace).data or {})
+
+
+def _builder_pods(f: Fleet) -> dict[str, str]:
+    return {
+        p.spec.node_name: p.metadata.name
+        for p in f.core.list_namespaced_pod(f.namespace, label_selector=BUILDER_SELECTOR).items
+        if p.spec.node_name and not p.metadata.deletion_timestamp
+    }
+
+
 def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> None:
     f, _ = fleet
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"version": "2.12.0", "paused": True}})
@@ -291,10 +303,18 @@ def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> Non
         "nodes waiting on the pause",
     )
     assert _uncordoned(f) and _all_at(f, "2.11.0")
+    # The pause reaches the builders that already run through their control map.
+    builders = _builder_pods(f)
+    wait_until(lambda: _control_map(f) == {"paused": "true"}, "the control map says paused")
+    assert _builder_pods(f) == builders, "pausing replaces no builder"
+    pod = f.core.read_namespaced_pod(next(iter(builders.values())), f.namespace)
+    volumes = {v.name: v.config_map.name for v in pod.spec.volumes if v.config_map}
+    assert volumes == {"policy": f"ttdrv-{f.policy}"}
 
     skipped = f.nodes[2]
     label_node(f.api, skipped, {"driver.tenstorrent.com/skip": "true"})
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"paused": False}})
+    wait_until(lambda: _control_map(f) == {"paused": "false"}, "the control map says unpaused")
     wait_until(
         lambda: _all_at(f, "2.12.0", f.nodes[:2]) and _uncordoned(f),
         "2.12.0 on the others",
@@ -307,21 +327,36 @@ def test_pause_and_skip_hold_nodes_back(fleet: tuple[Fleet, FakeBuilder]) -> Non
     wait_until(lambda: _all_at(f, "2.12.0") and _uncordoned(f), "2.12.0 everywhere", timeout=60)
 
 
-def test_vacated_dkms_node_is_taken_over(fleet: tuple[Fleet, FakeBuilder]) -> None:
+def test_vacated_dkms_node_is_taken_over_under_cordon_and_drain(
+    fleet: tuple[Fleet, FakeBuilder],
+) -> None:
     f, builder = fleet
-    # The vacate procedure removed the DKMS signals; the builder re-detects on its next start.
-    builder.dkms.discard(f.dkms_node)
-    for pod in f.core.list_namespaced_pod(
-        f.namespace, label_selector=BUILDER_SELECTOR, field_selector=f"spec.nodeName={f.dkms_node}"
-    ).items:
-        f.core.delete_namespaced_pod(pod.metadata.name, f.namespace)
-    wait_until(
-        lambda: node_labels(f.api, f.dkms_node).get(INSTALL_MODE) == "container",
-        "install-mode flips to container",
-        timeout=60,
+    node = f.dkms_node
+    # An earlier test turned the drain off (with it off, a takeover only cordons).
+    patch_policy(f.api, DRIVER, f.policy, {"spec": {"upgradePolicy": {"drain": {"enable": True}}}})
+    client.AppsV1Api(f.api).create_namespaced_deployment(
+        f.namespace, demo_objects.device_holder(node)
     )
-    wait_until(
-        lambda: f.node_states().get(f.dkms_node, ("",))[0] == "Done", "the node is Done", timeout=60
-    )
+    wait_until(lambda: _running_on(f, f"app={demo_objects.HOLDER_APP}").get(node) == 1, "holder")
+    watcher = Watcher(f)
+    try:
+        # The vacate procedure removed the DKMS signals; the standby builder notices.
+        standby = builder.vacate(node)
+        wait_until(
+            lambda: node_labels(f.api, node).get(INSTALL_MODE) == "container",
+            "install-mode flips to container",
+            timeout=90,
+        )
+        wait_until(
+            lambda: f.node_states().get(node, ("",))[0] == "Done" and _uncordoned(f),
+            "the node is Done and uncordoned",
+            timeout=60,
+        )
+    finally:
+        watcher.stop()
+    assert node in watcher.cordoned_ever, "the takeover cordons the node"
+    assert node not in watcher.swapped_under_holder, "the holder was evicted before the swap"
+    assert standby not in _builder_pods(f).values()
+    assert "driver.tenstorrent.com/standby-pod" not in node_labels(f.api, node)
     s = f.status()["summary"]
     assert s["hostManaged"] == 0 and s["ready"] == 4

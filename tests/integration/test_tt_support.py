@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit.backends.tenstorrent import keys
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.nodes import TENSTORRENT_LABELS, node_manifest
@@ -158,9 +159,32 @@ class FakeBuilder:
             if node in self.held and node not in self.dkms and env.get("TT_FORCE_UNLOAD") != "true":
                 self._crash_loop(pod)
             else:
-                report = demo_objects.builder_report(env["TT_KMD_VERSION"], node in self.dkms)
-                label_node(self._core.api_client, node, dict(report))
+                report: dict[str, str | None] = {
+                    **demo_objects.builder_report(env["TT_KMD_VERSION"], node in self.dkms),
+                    keys.TT_STANDBY_POD_LABEL: None,
+                }
+                label_node(self._core.api_client, node, report)
             self._done.add(pod.metadata.uid)
+
+    def vacate(self, node: str) -> str:
+        """DKMS vacated under the standby builder: it names itself on the node and waits
+        to be replaced (what tt-builder does). Returns the standby pod's name."""
+        self.dkms.discard(node)
+        (pod,) = [
+            p
+            for p in self._core.list_namespaced_pod(
+                self._namespace,
+                label_selector=BUILDER_SELECTOR,
+                field_selector=f"spec.nodeName={node}",
+            ).items
+            if not p.metadata.deletion_timestamp
+        ]
+        label_node(
+            self._core.api_client,
+            node,
+            {keys.TT_STANDBY_POD_LABEL: pod.metadata.name, keys.TT_INSTALL_MODE_LABEL: None},
+        )
+        return str(pod.metadata.name)
 
     def _crash_loop(self, pod: Any) -> None:
         refusal = {

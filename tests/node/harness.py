@@ -111,6 +111,7 @@ class Node:
             kmod_runner=self.kernel,
             kill=self.kernel.kill,
             poll_interval=0.01,
+            pause_poll_interval=0.01,
             lock_timeout=0.2,
         )
 

@@ -28,7 +28,10 @@ backend = Backend(
             crd=DRIVER_CRD,
             model=TenstorrentDriverPolicy,
             plan=driver_plan.plan,
-            owns=(OwnedKind("apps/v1", "DaemonSet", "daemonsets"),),
+            owns=(
+                OwnedKind("apps/v1", "DaemonSet", "daemonsets"),
+                OwnedKind("v1", "ConfigMap", "configmaps"),
+            ),
             watches=(
                 Watch(
                     name=driver_plan.BUILDERS,

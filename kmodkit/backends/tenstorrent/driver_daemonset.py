@@ -5,6 +5,9 @@ itself. The rollout decides when a node's pod is replaced (its swap deletes
 the stale pod once the node is drained), so tt-kmd is reloaded one node at a
 time whatever the fleet size.
 
+The pods mount the policy's control ConfigMap (``control_map``): ``paused``
+reaches pods that already run without changing the template.
+
 The ``template-hash`` annotation is a hash of the pod template with its keys
 sorted (every list in the template is built in a fixed order), so the same
 policy always hashes the same and an unchanged policy never looks stale.
@@ -29,6 +32,9 @@ CONTAINER = "builder"
 FORCE_UNLOAD_ENV = "TT_FORCE_UNLOAD"
 VERSION_ENV = "TT_KMD_VERSION"
 HOST_ROOT = "/host"
+POLICY_DIR = "/run/tt-builder/policy"
+"""Where the builder sees its policy's control ConfigMap (``paused``)."""
+PAUSED_KEY = "paused"
 
 
 def pod_labels(policy: str) -> dict[str, str]:
@@ -62,6 +68,7 @@ def pod_template(
             "value": "true" if spec.upgrade_policy.force_unload else "false",
         },
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "KMODKIT_HOST_ROOT", "value": HOST_ROOT},
         *settings.env(),
     ]
@@ -81,7 +88,9 @@ def pod_template(
             "hostPID": True,
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
-            "affinity": affinity(spec.selector(), keys.TT_DRIVER_SKIP_LABEL),
+            "affinity": affinity(
+                spec.selector(), keys.TT_DRIVER_SKIP_LABEL, settings.require_pci_label
+            ),
             "terminationGracePeriodSeconds": 60,
             "containers": [
                 {
@@ -113,6 +122,8 @@ def pod_template(
                         },
                         {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True},
                         {"name": "usr-src", "mountPath": "/usr/src", "readOnly": True},
+                        # A whole-volume mount (no subPath): the kubelet keeps it current.
+                        {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
                     ],
                 }
             ],
@@ -120,6 +131,7 @@ def pod_template(
                 {"name": "host", "hostPath": {"path": "/", "type": "Directory"}},
                 {"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}},
                 {"name": "usr-src", "hostPath": {"path": "/usr/src", "type": "Directory"}},
+                {"name": "policy", "configMap": {"name": names.daemonset_name(policy)}},
             ],
         },
     }
@@ -145,4 +157,24 @@ def daemonset(
             "updateStrategy": {"type": "OnDelete"},
             "template": template,
         },
+    }
+
+
+def control_map(policy: str, namespace: str, paused: bool) -> dict[str, Any]:
+    """The ConfigMap every builder pod of the policy reads ``paused`` from.
+
+    Pausing must hold back pods that already run (a standby builder taking a
+    vacated node over, a loader loading a removed driver again) without
+    replacing them: one object the kubelets keep current in every pod, one
+    write for the whole fleet. Named like the DaemonSet.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.daemonset_name(policy),
+            "namespace": namespace,
+            "labels": pod_labels(policy),
+        },
+        "data": {PAUSED_KEY: "true" if paused else "false"},
     }

@@ -43,23 +43,29 @@ def is_stale(pod: BuilderPod, target: DriverTarget) -> bool:
     return pod.template_hash != target.template_hash or pod.force_unload != target.force_unload
 
 
+def is_standing_by(node_labels: Mapping[str, str], pod: BuilderPod | None) -> bool:
+    """The node's builder stood by for DKMS, found it gone, and waits to be replaced."""
+    return pod is not None and node_labels.get(keys.TT_STANDBY_POD_LABEL) == pod.name
+
+
 def needs_update(
     node_labels: Mapping[str, str], pod: BuilderPod | None, target: DriverTarget
 ) -> bool:
-    """A container-managed node whose builder runs an older template.
+    """A container-managed node whose builder runs an older template, or a node whose
+    DKMS was vacated (a takeover goes through cordon and drain like an upgrade).
 
     Host-managed nodes (DKMS) are never touched. A node without a builder pod
     gets one from the current template by the DaemonSet: nothing to roll.
     """
     if node_labels.get(keys.TT_INSTALL_MODE_LABEL) == "host" or pod is None:
         return False
-    return pod.template_hash != target.template_hash
+    return is_standing_by(node_labels, pod) or pod.template_hash != target.template_hash
 
 
 def verdict(
     node_labels: Mapping[str, str], pod: BuilderPod | None, target: DriverTarget
 ) -> Validation:
-    if pod is None or pod.deleting or is_stale(pod, target):
+    if pod is None or pod.deleting or is_stale(pod, target) or is_standing_by(node_labels, pod):
         return Pending("waiting for the new builder pod")
     if pod.image_pull_problem:
         return Pending(f"the builder image cannot be pulled ({pod.image_pull_problem})")
@@ -86,17 +92,20 @@ class DriverHooks:
         return self._target.drain and is_device_consumer(pod)
 
     def swap(self, node: Obj) -> None:
-        self._replace_if_stale(self._pods.get(_name(node)))
+        self._replace_if_due(_labels(node), self._pods.get(_name(node)))
 
     def validate(self, node: Obj) -> Validation:
         pod = self._pods.get(_name(node))
         # A pod made from an older template (or the old forceUnload setting, when an
         # admin changed it to unblock this node) is replaced again: the swap is idempotent.
-        self._replace_if_stale(pod)
+        self._replace_if_due(_labels(node), pod)
         return verdict(_labels(node), pod, self._target)
 
-    def _replace_if_stale(self, pod: BuilderPod | None) -> None:
-        if pod is None or pod.deleting or not is_stale(pod, self._target):
+    def _replace_if_due(self, node_labels: Mapping[str, str], pod: BuilderPod | None) -> None:
+        # The standby pod is named on the node, so its successor is never taken for it.
+        if pod is None or pod.deleting:
+            return
+        if not is_stale(pod, self._target) and not is_standing_by(node_labels, pod):
             return
         try:
             self._core.delete_namespaced_pod(pod.name, pod.namespace)

@@ -18,11 +18,12 @@ from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.builder_pods import BuilderPod, pods_by_node
 from kmodkit.backends.tenstorrent.drain_rules import driver_policy
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from kmodkit.backends.tenstorrent.driver_daemonset import daemonset
+from kmodkit.backends.tenstorrent.driver_daemonset import control_map, daemonset
 from kmodkit.backends.tenstorrent.driver_hooks import (
     DriverHooks,
     DriverTarget,
     is_stale,
+    is_standing_by,
     needs_update,
 )
 from kmodkit.backends.tenstorrent.selection import covers
@@ -99,6 +100,13 @@ def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
             "HostManagedKMD",
             "DKMS manages tt-kmd on this node; the operator stands by "
             "(vacate DKMS to hand the node over)",
+        )
+    if rollout in (None, State.DONE) and is_standing_by(node.labels, pod):
+        return row(
+            "Pending",
+            "TakeoverRequired",
+            "DKMS is gone; the node is taken over through the rollout "
+            "(cordon, drain, then its builder is replaced)",
         )
     if pod is not None and pod.image_pull_problem:
         return row(
@@ -218,7 +226,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     }
     busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
     return Plan(
-        objects=[ds] if create else [],
+        objects=[ds, control_map(name, view.operator_namespace, spec.paused)] if create else [],
         status=status,
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(

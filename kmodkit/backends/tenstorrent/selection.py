@@ -70,12 +70,13 @@ def covers(selector: NodeLabelSelector, node_labels: Mapping[str, str], require_
     return selector.matches(node_labels)
 
 
-def affinity(selector: NodeLabelSelector, skip_label: str) -> dict[str, Any]:
+def affinity(selector: NodeLabelSelector, skip_label: str, require_pci: bool) -> dict[str, Any]:
     """The required node affinity of the builder pods: the selector, the PCI label and no skip.
 
-    The PCI label is always required here: a builder on a node without the
-    device would only fail. The skip label keeps the pod off only when it is
-    ``true``, the same rule the status and the rollout apply.
+    The PCI label is required exactly when ``covers`` requires it, so a lab
+    without NFD gets builders on the nodes its policies cover. The skip label
+    keeps the pod off only when it is ``true``, the same rule the status and
+    the rollout apply.
     """
     expressions: list[dict[str, Any]] = [
         {"key": key, "operator": "In", "values": [value]}
@@ -86,7 +87,8 @@ def affinity(selector: NodeLabelSelector, skip_label: str) -> dict[str, Any]:
         if req.values:
             expr["values"] = sorted(req.values)
         expressions.append(expr)
-    expressions.append({"key": keys.TT_PCI_PRESENT_LABEL, "operator": "In", "values": ["true"]})
+    if require_pci:
+        expressions.append({"key": keys.TT_PCI_PRESENT_LABEL, "operator": "In", "values": ["true"]})
     expressions.append({"key": skip_label, "operator": "NotIn", "values": ["true"]})
     return {
         "nodeAffinity": {

@@ -36,15 +36,23 @@ if [ -d /sys/module/$M ]; then
 else
   echo "found: $M not loaded"
 fi
-for fd in /proc/[0-9]*/fd/*; do
-  target=$(readlink "$fd" 2>/dev/null) || continue
-  case "$target" in
-    /dev/tenstorrent/*)
-      pid=${fd#/proc/}; pid=${pid%%/*}
-      echo "found: pid $pid ($(cat /proc/$pid/comm 2>/dev/null)) holds $target"
-      held="$held pid:$pid" ;;
-  esac
-done
+# One find and one ls (per few thousand fds) list every fd with its target, read
+# by the shell itself: a command per fd would fork once per open file on the node.
+holders=$(find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 -type l -exec ls -l {} + 2>/dev/null |
+  while read -r line; do
+    case "$line" in
+      *" -> /dev/tenstorrent/"*)
+        fd=${line% -> *}; fd=${fd##* /proc/}
+        echo "${fd%%/*} ${line##* -> }" ;;
+    esac
+  done)
+while read -r pid target; do
+  [ -n "$pid" ] || continue
+  echo "found: pid $pid ($(cat /proc/$pid/comm 2>/dev/null)) holds $target"
+  held="$held pid:$pid"
+done <<HOLDERS
+$holders
+HOLDERS
 if [ -n "$held" ]; then
   echo "refused: /dev/tenstorrent is in use ($held); stop or drain the holders, then run again"
   exit 3

@@ -87,6 +87,16 @@ def test_builder_daemonset_shape() -> None:
     ]
 
 
+def test_without_the_pci_requirement_builders_go_to_nodes_without_the_pci_label() -> None:
+    settings = TenstorrentSettings.from_settings({"KMODKIT_TT_REQUIRE_PCI_LABEL": "false"})
+    pod = daemonset("p", "ns", _spec(), settings)["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    keys = [e["key"] for e in term["matchExpressions"]]
+    assert keys == ["a", "b", "c", "driver.tenstorrent.com/skip"]
+
+
 def test_flash_job_names_are_deterministic_short_and_distinct() -> None:
     name = names.flash_job_name("default", "node-1", "19.9.0")
     assert name == names.flash_job_name("default", "node-1", "19.9.0")

@@ -166,7 +166,26 @@ def test_paused_policy_starts_no_builder_until_unpaused() -> None:
     assert _states(paused) == {"a": ("Pending", "Paused")}
     conditions = {c["type"]: c["reason"] for c in paused.status["conditions"]}
     assert conditions["Progressing"] == "Paused"
-    assert len(driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")]), NOW).objects) == 1
+    kept = driver_plan.plan_at(_ttdp(paused=True), _view([_node("a")]), NOW).objects
+    assert [o["kind"] for o in kept] == ["DaemonSet", "ConfigMap"]
+
+
+def test_the_pause_reaches_running_builders_through_their_control_map() -> None:
+    def control(paused: bool) -> tuple[dict[str, str], str]:
+        objects = driver_plan.plan_at(_ttdp(paused=paused), _view([_node("a")]), NOW).objects
+        ds, cm = objects
+        return cm["data"], str(
+            ds["metadata"]["annotations"]["driver.tenstorrent.com/template-hash"]
+        )
+
+    (paused, paused_hash), (running, running_hash) = control(True), control(False)
+    assert paused == {"paused": "true"} and running == {"paused": "false"}
+    assert paused_hash == running_hash, "pausing must not make the running builders stale"
+    ds = driver_plan.plan_at(_ttdp(), _view([_node("a")]), NOW).objects[0]
+    pod = ds["spec"]["template"]["spec"]
+    assert {"name": "policy", "configMap": {"name": ds["metadata"]["name"]}} in pod["volumes"]
+    mount = {"name": "policy", "mountPath": "/run/tt-builder/policy", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
 
 
 def test_drain_off_means_no_gates_and_no_eviction() -> None:
@@ -330,3 +349,25 @@ def test_both_policies_leave_cordoned_nodes_alone_unless_told_to_upgrade_them() 
         assert default is not None and default.policy.upgrade_cordoned_nodes is False
         opted = plan_at(make(upgradePolicy={"upgradeCordonedNodes": True}), _view([]), NOW)
         assert opted.rollout is not None and opted.rollout.policy.upgrade_cordoned_nodes is True
+
+
+def test_a_vacated_standby_node_is_taken_over_through_the_rollout() -> None:
+    target = DriverTarget("2.9.0", _digest(), False, True)
+    standby = builder_pod(_pod("a", _digest(), ready=False))
+    successor = builder_pod(
+        {
+            **_pod("a", _digest()),
+            "metadata": {**_pod("a", _digest())["metadata"], "name": "ttdrv-default-new"},
+        }
+    )
+    labels = {"driver.tenstorrent.com/standby-pod": standby.name}
+
+    assert needs_update(labels, standby, target), "the takeover is rolled (cordon, drain)"
+    assert isinstance(verdict(labels, standby, target), Pending)
+    # The successor is not the pod named on the node: it is what the swap waits for.
+    assert not needs_update(labels, successor, target)
+
+    plan = driver_plan.plan_at(
+        _ttdp(), _view([_node("a", **labels)], [_pod("a", _digest(), ready=False)]), NOW
+    )
+    assert _states(plan) == {"a": ("Pending", "TakeoverRequired")}

@@ -32,7 +32,7 @@ def _host(tmp_path: Path, loaded: bool = True, dkms: bool = True, holder: bool =
     busybox = shutil.which("busybox")
     assert busybox is not None
     shutil.copy(busybox, root / "bin" / "busybox")
-    for tool in ("sh", "cat", "readlink", "find", "rm", "echo", "["):
+    for tool in ("sh", "cat", "readlink", "find", "ls", "rm", "echo", "["):
         (root / "bin" / tool).symlink_to("busybox")
     modules = root / "lib" / "modules" / KVER
     (modules / "updates" / "dkms").mkdir(parents=True)
@@ -97,6 +97,26 @@ def test_refuses_while_the_device_is_held_and_changes_nothing(tmp_path: Path) ->
     assert (root / "sys" / "module" / "tenstorrent").exists()
     assert (root / "var" / "lib" / "dkms" / "tenstorrent").exists()
     assert not (root / "actions").exists()
+
+
+def test_the_holder_scan_reads_every_fd_without_a_process_per_fd(tmp_path: Path) -> None:
+    # A busy node has hundreds of thousands of open fds: a readlink per fd would
+    # fork that many processes. The scan runs one find and one ls for all of them.
+    root = _host(tmp_path, holder=True)
+    for pid in range(5000, 5040):
+        fds = root / "proc" / str(pid) / "fd"
+        fds.mkdir(parents=True)
+        (root / "proc" / str(pid) / "comm").write_text("worker\n")
+        for fd in range(10):
+            (fds / str(fd)).symlink_to(f"/var/log/worker-{pid}-{fd}.log")
+    (root / "proc" / "4242" / "fd" / "4").symlink_to("/dev/tenstorrent/1")
+    run = _run(root, readlink='echo "$1" >> /readlink-calls; busybox readlink "$@"')
+    assert run.returncode == 3
+    assert "found: pid 4242 (tt-smi) holds /dev/tenstorrent/0" in run.stdout
+    assert "found: pid 4242 (tt-smi) holds /dev/tenstorrent/1" in run.stdout
+    assert "worker" not in run.stdout
+    calls = root / "readlink-calls"
+    assert not calls.exists(), f"{len(calls.read_text().splitlines())} readlink calls"
 
 
 def test_reports_what_it_could_not_remove(tmp_path: Path) -> None:
