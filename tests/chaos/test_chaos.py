@@ -500,7 +500,7 @@ def _calm(run: Run, world: w.World, replicas: list[Replica], inv: Invariants) ->
     )
     wait_until(
         lambda: w.rollout_done(
-            core, world.driver_keys, world.driver_nodes, skip=[world.external_cordon]
+            core, world.driver_keys, world.driver_nodes, held=[world.external_cordon]
         ),
         "the driver rollout to finish",
         timeout=600,

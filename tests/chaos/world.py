@@ -26,6 +26,7 @@ from kmodkit.backends.tenstorrent import names as tt_names
 from kmodkit.core import labels
 from kmodkit.core.engine.loader_pod import MODULE_LABEL
 from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.states import IN_FLIGHT, parse_state
 from kmodkit_dev import tenstorrent_demo as demo
 from kmodkit_dev.nodes import TENSTORRENT_LABELS, node_manifest
 
@@ -260,14 +261,18 @@ def module_settled(
 
 
 def rollout_done(
-    core: client.CoreV1Api, keys: RolloutKeys, nodes: Iterable[str], skip: Iterable[str] = ()
+    core: client.CoreV1Api, keys: RolloutKeys, nodes: Iterable[str], held: Iterable[str] = ()
 ) -> bool:
-    skipped = set(skip)
+    """Every node done and schedulable; a node the rollout must leave alone (an admin's
+    cordon) at rest: not in flight, so that one wrongly taken is seen to the end."""
+    at_rest = set(held)
     for n in nodes:
-        if n in skipped:
-            continue
         node = core.read_node(n)
-        if (node.metadata.labels or {}).get(keys.state) != "done" or node.spec.unschedulable:
+        state = (node.metadata.labels or {}).get(keys.state)
+        if n in at_rest:
+            if parse_state(state) in IN_FLIGHT:
+                return False
+        elif state != "done" or node.spec.unschedulable:
             return False
     return True
 
