@@ -20,6 +20,7 @@ from kubernetes import client
 
 from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev import tenstorrent_demo as demo_objects
+from kmodkit_dev.operator import Operator, launch
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
@@ -32,6 +33,7 @@ from tests.integration.test_tt_support import (
     delete_policy,
     label_node,
     node_labels,
+    operator_env,
     patch_policy,
     status,
     tt_operator,
@@ -45,8 +47,9 @@ NEW_IMAGE = "ghcr.io/kmodkit/tenstorrent-builder:0.1.1"
 
 
 class Fleet:
-    def __init__(self, kube_api: Any, namespace: str, tag: str) -> None:
+    def __init__(self, kube_api: Any, namespace: str, tag: str, op: Operator) -> None:
         self.api = kube_api
+        self.op = op
         self.core = client.CoreV1Api(kube_api)
         self.namespace = namespace
         self.tag = tag
@@ -90,6 +93,7 @@ class Watcher:
         self.cordoned: set[str] = set()
         self.in_flight: set[str] = set()
         self.max_unavailable = 0
+        self.pods_seen: dict[str, set[str]] = {}
         self.poller = Poller(self._tick, 0.1)
 
     def _tick(self) -> None:
@@ -100,6 +104,8 @@ class Watcher:
             if (node.metadata.labels or {}).get(self.f.state_label) in IN_FLIGHT:
                 self.in_flight.add(name)
         pods = self.f.builders()
+        for node, pod in pods.items():
+            self.pods_seen.setdefault(node, set()).add(pod.metadata.uid)
         unavailable = [
             n
             for n in self.f.nodes
@@ -120,8 +126,8 @@ def fleet(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Fleet, FakeBuilder]]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttc")) as (_, namespace):
-        f = Fleet(kube_api, namespace, tag)
+    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttc")) as (op, namespace):
+        f = Fleet(kube_api, namespace, tag, op)
         add_fleet(dev_cluster, kube_api, f.nodes, {"ttc-test": tag})
         builder = FakeBuilder(kube_api, namespace)
         apps = client.AppsV1Api(kube_api)
@@ -154,6 +160,8 @@ def fleet(
             builder.stop()
             delete_policy(kube_api, DRIVER, f.policy)
             delete_nodes(kube_api, f.nodes)
+            if f.op is not op:  # started by a test in place of a killed one
+                f.op.stop()
         assert not builder.poller.errors, builder.poller.errors
 
 
@@ -312,3 +320,41 @@ def test_crash_looping_builder_outside_a_rollout_is_replaced_for_force_unload(
         assert watcher.cordoned == set()
     finally:
         builder.refusing.discard(node)
+
+
+def test_builder_restarts_carry_on_after_an_operator_kill(
+    fleet: tuple[Fleet, FakeBuilder], kubeconfig: str
+) -> None:
+    """The operator started in place of the killed one serves the tests after this one."""
+    f, builder = fleet
+    image = NEW_IMAGE.replace("0.1.1", "0.1.2")
+    before = f.uids()
+    reloads = len(builder.reloads)
+    builder.start_seconds = 3.0
+    watcher = Watcher(f)
+    try:
+        patch_policy(f.api, DRIVER, f.policy, {"spec": {"installer": {"image": image}}})
+        wait_until(
+            lambda: sum(1 for n, u in f.uids().items() if u != before.get(n)) == 1,
+            "the first builder restarted",
+            timeout=60,
+        )
+        f.op.kill()  # SIGKILL mid-roll: what it did is only in the pods
+        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace))
+        f.op.wait_healthy()
+        wait_until(
+            lambda: (
+                all(p.spec.containers[0].image == image for p in f.builders().values())
+                and len(f.builders()) == 3
+                and f.converged("2.9.0")
+            ),
+            "every builder at the new image after the restart",
+            timeout=90,
+        )
+    finally:
+        watcher.stop()
+        builder.start_seconds = 0.0
+    assert watcher.max_unavailable == 1, "still one builder at a time"
+    assert watcher.cordoned == set() and watcher.in_flight == set()
+    assert all(len(watcher.pods_seen[n]) == 2 for n in f.nodes), watcher.pods_seen
+    assert builder.reloads[reloads:] == [], "tt-kmd is not reloaded"
