@@ -136,7 +136,8 @@ class Watcher:
             if p.spec.node_name and not p.metadata.deletion_timestamp
         }
         for node, pod in self._builders.items():
-            if builders.get(node) != pod and node in nodes:
+            # The DKMS node's standby builder is restarted outside the rollout: not a swap.
+            if builders.get(node) != pod and node in self.f.nodes:
                 self.gates_at_swap.append((nodes[node].metadata.labels or {}).get(GATE))
                 if holders.get(node):
                     self.swapped_under_holder.append(node)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,16 @@ BUILDER_SELECTOR = "app.kubernetes.io/name=tt-kmd-installer"
 KERNEL = "6.8.0-45-generic"
 
 
+def operator_env(namespace: str) -> dict[str, str]:
+    """The settings of the operator ``tt_operator`` runs (to start another one like it)."""
+    return {
+        "KMODKIT_NAMESPACE": namespace,
+        "KMODKIT_BACKENDS": "tenstorrent",
+        "KMODKIT_TT_SERVICE_ACCOUNT": "default",
+        "KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://proxy.example:3128",
+    }
+
+
 @contextmanager
 def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple[Operator, str]]:
     """The real operator, serving the Tenstorrent backend, with its own namespace."""
@@ -44,12 +55,7 @@ def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple
     core.create_namespace({"metadata": {"name": namespace}})
     try:
         with running_operator(
-            kubeconfig,
-            log_dir / "operator.log",
-            KMODKIT_NAMESPACE=namespace,
-            KMODKIT_BACKENDS="tenstorrent",
-            KMODKIT_TT_SERVICE_ACCOUNT="default",
-            KMODKIT_EXTRA_ENV_HTTPS_PROXY="http://proxy.example:3128",
+            kubeconfig, log_dir / "operator.log", **operator_env(namespace)
         ) as op:
             yield op, namespace
     finally:
@@ -133,17 +139,30 @@ class Poller:
 class FakeBuilder:
     """Plays the builder entrypoint on kwok nodes.
 
-    ``dkms`` nodes have DKMS signals (labelled install-mode=host); on ``held`` nodes a process
-    keeps /dev/tenstorrent open, so a builder without forceUnload refuses the unload and its
-    container crash-loops with the holder named in its termination message.
+    ``dkms`` nodes have DKMS signals (labelled install-mode=host). A pod whose tt-kmd version is
+    already loaded adopts it; on a node with nothing loaded it loads at once; on a node with
+    another version loaded it reloads only while the rollout has the node in ``swapping`` or
+    ``validating`` (read from the label its ``TT_ROLLOUT_STATE_LABEL`` names) and waits, NotReady,
+    until then, as the real entrypoint does. On ``held`` nodes a process keeps /dev/tenstorrent
+    open, so a reload without forceUnload is refused and the container crash-loops with the holder
+    named in its termination message. On ``refusing`` nodes every pod without forceUnload
+    crash-loops that way, whatever is loaded (an older builder that unloaded on its own).
+    ``reloads`` records (node, rollout state) of every reload; ``adopted`` the pods that adopted.
+    ``start_seconds`` keeps every new pod NotReady that long first (the real builder's start).
     """
 
     def __init__(self, kube_api: Any, namespace: str) -> None:
         self.dkms: set[str] = set()
         self.held: set[str] = set()
+        self.refusing: set[str] = set()
+        self.reloads: list[tuple[str, str]] = []
+        self.adopted: list[str] = []
+        self.start_seconds = 0.0
+        self._seen: dict[str, float] = {}
         self._core = client.CoreV1Api(kube_api)
         self._namespace = namespace
         self._done: set[str] = set()
+        self._waiting: set[str] = set()
         self.poller = Poller(self._tick)
 
     def _tick(self) -> None:
@@ -154,17 +173,67 @@ class FakeBuilder:
                 continue
             if pod.status.phase != "Running" or not pod.spec.node_name:
                 continue
-            env = {e.name: e.value for e in pod.spec.containers[0].env or []}
-            node = pod.spec.node_name
-            if node in self.held and node not in self.dkms and env.get("TT_FORCE_UNLOAD") != "true":
+            if self._serve(pod):
+                self._done.add(pod.metadata.uid)
+
+    def _serve(self, pod: Any) -> bool:
+        """One look at a new pod; False while it waits for the rollout."""
+        env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+        node = pod.spec.node_name
+        seen = self._seen.setdefault(pod.metadata.uid, time.monotonic())
+        if time.monotonic() - seen < self.start_seconds:
+            self._hold(pod)
+            return False
+        forced = env.get("TT_FORCE_UNLOAD") == "true"
+        if node in self.dkms:
+            label_node(self._core.api_client, node, dict(demo_objects.builder_report("", True)))
+            return True
+        if node in self.refusing and not forced:
+            self._crash_loop(pod)
+            return True
+        labels = self._core.read_node(node).metadata.labels or {}
+        loaded = labels.get(keys.TT_KMD_VERSION_LABEL, "")
+        wanted = env["TT_KMD_VERSION"]
+        if loaded == wanted:
+            self.adopted.append(node)
+        elif loaded:
+            state = labels.get(env.get("TT_ROLLOUT_STATE_LABEL") or "", "")
+            if state not in ("swapping", "validating"):
+                self._hold(pod)
+                return False
+            self.reloads.append((node, state))
+            if node in self.held and not forced:
                 self._crash_loop(pod)
-            else:
-                report: dict[str, str | None] = {
-                    **demo_objects.builder_report(env["TT_KMD_VERSION"], node in self.dkms),
-                    keys.TT_STANDBY_POD_LABEL: None,
+                return True
+        report: dict[str, str | None] = {
+            **demo_objects.builder_report(wanted, False),
+            keys.TT_STANDBY_POD_LABEL: None,
+        }
+        label_node(self._core.api_client, node, report)
+        if pod.metadata.uid in self._waiting:
+            self._set_ready(pod, True)
+        return True
+
+    def _hold(self, pod: Any) -> None:
+        if pod.metadata.uid not in self._waiting:
+            self._set_ready(pod, False)
+            self._waiting.add(pod.metadata.uid)
+
+    def _set_ready(self, pod: Any, ready: bool) -> None:
+        value = "True" if ready else "False"
+        self._core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            self._namespace,
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": value},
+                        {"type": "ContainersReady", "status": value},
+                    ]
                 }
-                label_node(self._core.api_client, node, report)
-            self._done.add(pod.metadata.uid)
+            },
+            _content_type=STRATEGIC,
+        )
 
     def vacate(self, node: str) -> str:
         """DKMS vacated under the standby builder: it names itself on the node and waits

@@ -1,9 +1,11 @@
 """The builder DaemonSet of a driver policy: one privileged pod per node builds and loads tt-kmd.
 
 The update strategy is ``OnDelete``: a new template changes no pod by
-itself. The rollout decides when a node's pod is replaced (its swap deletes
-the stale pod once the node is drained), so tt-kmd is reloaded one node at a
-time whatever the fleet size.
+itself. The operator decides when a node's pod is replaced: the rollout's swap
+once the node is drained when tt-kmd must be reloaded, a budgeted restart when
+it need not (``driver_changes``). A builder never reloads tt-kmd on its own: it
+reloads only while its node's rollout state label (``TT_ROLLOUT_STATE_LABEL``)
+says the rollout is swapping it, so a pod recreated by anyone else waits.
 
 The pods mount the policy's control ConfigMap (``control_map``): ``paused``
 reaches pods that already run without changing the template.
@@ -26,11 +28,13 @@ from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
 from kmodkit.backends.tenstorrent.selection import affinity
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
+from kmodkit.sdk import RolloutKeys
 
 APP_NAME = "tt-kmd-installer"
 CONTAINER = "builder"
 FORCE_UNLOAD_ENV = "TT_FORCE_UNLOAD"
 VERSION_ENV = "TT_KMD_VERSION"
+ROLLOUT_STATE_ENV = "TT_ROLLOUT_STATE_LABEL"
 HOST_ROOT = "/host"
 POLICY_DIR = "/run/tt-builder/policy"
 """Where the builder sees its policy's control ConfigMap (``paused``)."""
@@ -66,6 +70,10 @@ def pod_template(
         {
             "name": FORCE_UNLOAD_ENV,
             "value": "true" if spec.upgrade_policy.force_unload else "false",
+        },
+        {
+            "name": ROLLOUT_STATE_ENV,
+            "value": RolloutKeys.for_policy(names.driver_policy_id(policy)).state,
         },
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

@@ -18,14 +18,15 @@ from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.builder_pods import BuilderPod, pods_by_node
 from kmodkit.backends.tenstorrent.drain_rules import driver_policy
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from kmodkit.backends.tenstorrent.driver_daemonset import control_map, daemonset
-from kmodkit.backends.tenstorrent.driver_hooks import (
-    DriverHooks,
+from kmodkit.backends.tenstorrent.driver_changes import (
     DriverTarget,
-    is_stale,
+    builders_to_restart,
+    is_outdated,
     is_standing_by,
-    needs_update,
+    needs_reload,
 )
+from kmodkit.backends.tenstorrent.driver_daemonset import control_map, daemonset
+from kmodkit.backends.tenstorrent.driver_hooks import DriverHooks
 from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
@@ -138,9 +139,19 @@ def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
         if ctx.paused_without_builders:
             return row("Pending", "Paused", "spec.paused is true; no builder runs yet")
         return row("Pending", "WaitingForBuilder", "waiting for the builder pod")
-    if needs_update(node.labels, pod, ctx.target):
-        return row("Pending", "UpgradeRequired", f"runs an older builder; tt-kmd {version} is next")
-    if pod.ready and loaded == version and not is_stale(pod, ctx.target):
+    if needs_reload(node.labels, ctx.target):
+        return row(
+            "Pending",
+            "UpgradeRequired",
+            f"tt-kmd {loaded} is loaded; the rollout reloads it with {version}",
+        )
+    if pod.ready and loaded == version:
+        if is_outdated(pod, ctx.target):
+            return row(
+                "Pending",
+                "BuilderRestartPending",
+                f"tt-kmd {version} stays loaded; the builder is restarted from the new template",
+            )
         return row("Done", "Ready", rollout=rollout)
     return row("Upgrading", "Installing", f"builder is building and loading tt-kmd {version}")
 
@@ -246,11 +257,24 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 
 
 def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
+    """The rollout's hooks for this pass, after this pass's builder restarts."""
     name = str((body.get("metadata") or {}).get("name", ""))
     spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
     settings = TenstorrentSettings.from_settings(view.settings)
     target = _target(spec, daemonset(name, view.operator_namespace, spec, settings))
-    return DriverHooks(api, pods_by_node(view.watched.get(BUILDERS, ()), name), target)
+    pods = pods_by_node(view.watched.get(BUILDERS, ()), name)
+    driver_hooks = DriverHooks(api, pods, target)
+    if not spec.paused:
+        # Changes that need no reload are not the rollout's: they are rolled here, on every
+        # pass, from what the pods show (so an operator restart carries on where it was).
+        selector = spec.selector()
+        covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+        state_key = RolloutKeys.for_policy(names.driver_policy_id(name)).state
+        policy = driver_policy(spec.upgrade_policy, settings)
+        driver_hooks.restart(
+            builders_to_restart(covered, pods, target, state_key, policy.max_parallel)
+        )
+    return driver_hooks
 
 
 def rollout_status(status: Mapping[str, Any], result: RolloutStatus) -> Mapping[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
 from kmodkit.backends.tenstorrent.builder_pods import builder_pod
-from kmodkit.backends.tenstorrent.driver_hooks import DriverTarget, needs_update, verdict
+from kmodkit.backends.tenstorrent.driver_changes import DriverTarget
+from kmodkit.backends.tenstorrent.driver_hooks import verdict
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_flash
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.contract.hooks import Pending, Validated
@@ -206,14 +207,10 @@ def test_invalid_spec_keeps_the_daemonset_and_says_why() -> None:
     assert "spec.upgradePolicy.drain.podSelectorLabel" in ready["message"]
 
 
-def test_driver_needs_update_and_verdict() -> None:
+def test_driver_verdict() -> None:
     target = DriverTarget("2.9.0", "new", force_unload=False, drain=True)
     fresh = builder_pod(_pod("a", "new"))
     stale = builder_pod(_pod("a", "old", version="2.8.0"))
-    assert needs_update({}, stale, target)
-    assert not needs_update({"driver.tenstorrent.com/install-mode": "host"}, stale, target)
-    assert not needs_update({}, None, target)
-    assert not needs_update({}, fresh, target)
     assert isinstance(
         verdict({"driver.tenstorrent.com/kmd-version": "2.9.0"}, fresh, target), Validated
     )
@@ -222,10 +219,31 @@ def test_driver_needs_update_and_verdict() -> None:
     )
     assert isinstance(verdict({}, stale, target), Pending)
     forced = DriverTarget("2.9.0", "new", force_unload=True, drain=True)
-    assert not needs_update({}, fresh, forced), "forceUnload alone does not roll a node"
     assert isinstance(
-        verdict({"driver.tenstorrent.com/kmd-version": "2.9.0"}, fresh, forced), Pending
-    )
+        verdict({"driver.tenstorrent.com/kmd-version": "2.9.0"}, fresh, forced), Validated
+    ), "a healthy builder is not replaced for forceUnload alone"
+
+
+def test_force_unload_is_no_target_identity() -> None:
+    """Toggling forceUnload leaves healthy nodes Done and their builders current."""
+    nodes = [_node("a", **{"driver.tenstorrent.com/kmd-version": "2.9.0"})]
+    pods = [_pod("a", _digest())]
+    for force in (True, False):
+        plan = driver_plan.plan_at(
+            _ttdp(upgradePolicy={"forceUnload": force}), _view(nodes, pods), NOW
+        )
+        assert _states(plan) == {"a": ("Done", "Ready")}
+        assert plan.status["summary"]["upToDate"] == 1
+        assert (
+            plan.objects[0]["metadata"]["annotations"]["driver.tenstorrent.com/template-hash"]
+            == _digest()
+        )
+
+
+def test_a_builder_restart_is_reported_pending_without_a_reload() -> None:
+    nodes = [_node("a", **{"driver.tenstorrent.com/kmd-version": "2.9.0"})]
+    plan = driver_plan.plan_at(_ttdp(), _view(nodes, [_pod("a", "0ld")]), NOW)
+    assert _states(plan) == {"a": ("Pending", "BuilderRestartPending")}
 
 
 def _ttfwp(
