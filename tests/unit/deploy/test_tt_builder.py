@@ -46,6 +46,7 @@ class Host:
             "FAKE_DIR": str(tmp),
             "TT_KMD_VERSION": "2.9.0",
             "NODE_NAME": "n1",
+            "POD_NAME": "ttdrv-p-abcde",
             "TT_ROLLOUT_STATE_LABEL": STATE,
             "TT_ROLLOUT_WAIT_SECONDS": "0.1",
             "TT_RUN_DIR": str(tmp / "run"),

@@ -112,6 +112,7 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
             "TT_KMD_VERSION": "2.9.0",
             "NODE_NAME": "node-1",
             "POD_NAME": "ttdrv-p-abcde",
+            "TT_ROLLOUT_STATE_LABEL": "rollout.kmodkit.io/ttdp.p",
             "TT_REDETECT_SECONDS": "0.1",
         },
     )

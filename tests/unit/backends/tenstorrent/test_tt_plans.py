@@ -8,7 +8,7 @@ from typing import Any
 
 from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
 from kmodkit.backends.tenstorrent.builder_pods import builder_pod
-from kmodkit.backends.tenstorrent.driver_changes import DriverTarget
+from kmodkit.backends.tenstorrent.driver_changes import DriverTarget, needs_rollout
 from kmodkit.backends.tenstorrent.driver_hooks import verdict
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_flash
 from kmodkit.core.contract.backend import ClusterView
@@ -380,10 +380,10 @@ def test_a_vacated_standby_node_is_taken_over_through_the_rollout() -> None:
     )
     labels = {"driver.tenstorrent.com/standby-pod": standby.name}
 
-    assert needs_update(labels, standby, target), "the takeover is rolled (cordon, drain)"
+    assert needs_rollout(labels, standby, target), "the takeover is rolled (cordon, drain)"
     assert isinstance(verdict(labels, standby, target), Pending)
     # The successor is not the pod named on the node: it is what the swap waits for.
-    assert not needs_update(labels, successor, target)
+    assert not needs_rollout(labels, successor, target)
 
     plan = driver_plan.plan_at(
         _ttdp(), _view([_node("a", **labels)], [_pod("a", _digest(), ready=False)]), NOW
