@@ -179,7 +179,7 @@ def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilde
     )
     wait_until(lambda: _all_at(f, "2.8.0"), "tt-kmd 2.8.0 on the container nodes", timeout=60)
     s = wait_until(
-        lambda: (s := f.status())["summary"].get("upToDate") == 4 and s,
+        lambda: (s := f.status()).get("summary", {}).get("upToDate") == 4 and s,
         "status: 3 done + 1 host-managed",
         timeout=30,
     )
@@ -216,7 +216,7 @@ def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilde
     assert node_labels(f.api, f.dkms_node).get(KMD) is None
     ds = client.AppsV1Api(f.api).read_namespaced_daemon_set(f"ttdrv-{f.policy}", f.namespace)
     assert ds.metadata.annotations["driver.tenstorrent.com/template-hash"] != first_hash
-    wait_until(lambda: f.status()["summary"].get("upToDate") == 4, "status converged")
+    wait_until(lambda: f.status().get("summary", {}).get("upToDate") == 4, "status converged")
 
 
 def test_pdb_blocked_eviction_fails_the_node_and_halts(fleet: tuple[Fleet, FakeBuilder]) -> None:
@@ -274,7 +274,7 @@ def test_surviving_holder_crash_loops_until_force_unload(fleet: tuple[Fleet, Fak
     patch_policy(f.api, DRIVER, f.policy, {"spec": {"upgradePolicy": {"forceUnload": True}}})
     wait_until(lambda: _all_at(f, "2.11.0") and _uncordoned(f), "2.11.0 everywhere", timeout=90)
     builder.held.discard(held)
-    wait_until(lambda: f.status()["summary"].get("failed") == 0, "no failed node")
+    wait_until(lambda: f.status().get("summary", {}).get("failed") == 0, "no failed node")
 
 
 def _control_map(f: Fleet) -> dict[str, str]:
