@@ -84,13 +84,18 @@ FLASH_START_MARGIN = 120
 
 
 def firmware_policy(upgrade: FirmwareUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
+    """The seed's ``Pending → (Cordoning → Draining)? → Flashing``: without drain the node is
+    flashed neither cordoned nor drained, as upstream does."""
     drain = upgrade.drain
     return UpgradePolicy(
         max_parallel=upgrade.max_parallel,
         max_unavailable=NO_CAPACITY_BOUND,
         halt_on_failure=upgrade.halt_on_failure,
         upgrade_cordoned_nodes=upgrade.upgrade_cordoned_nodes,
+        cordon=drain.enable,
         deploy_gates=gates(drain.enable, settings),
-        device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
+        device_eviction=DeviceEviction(
+            enable=drain.enable, force=drain.force, timeout_seconds=drain.timeout_seconds
+        ),
         validation_timeout_seconds=upgrade.flash_timeout_seconds + FLASH_START_MARGIN,
     )

@@ -40,6 +40,9 @@ class WaitForCompletion(KubeModel):
 class DeviceEviction(KubeModel):
     """Drain pass 1: the pods the backend says hold the device."""
 
+    enable: bool = True
+    """Run pass 1 at all; False goes from cordoning (or gating) straight on."""
+
     force: bool = False
     """Also evict device consumers no controller will recreate (bare pods)."""
     timeout_seconds: int = Field(default=300, ge=1)
@@ -78,6 +81,10 @@ class UpgradePolicy(KubeModel):
     """Also change nodes someone else cordoned (an admin's maintenance, another tool): they are
     drained and changed under that cordon, which stays afterwards. False leaves such a node alone
     (reported ``ExternalCordon``) until it is uncordoned."""
+    cordon: bool = True
+    """Cordon each node while it is changed. False changes it with workloads still scheduled
+    there (Tenstorrent firmware with ``drain.enable: false``); a cordon made by someone else
+    is still honoured as above."""
     deploy_gates: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Node labels set while the node is drained (e.g. ``tenstorrent.com/deploy.tt-telemetry:
     "false"``) so sibling DaemonSets holding the device leave; restored afterwards."""
