@@ -331,6 +331,29 @@ def test_a_retry_keeps_the_cordon_it_made_in_an_earlier_attempt() -> None:
     assert annotations_of(only_step([view]))[KEYS.cordon] == "rollout"
 
 
+UNCORDONED = UpgradePolicy(cordon=False, device_eviction={"enable": False})
+
+
+def test_without_cordon_and_device_eviction_a_node_goes_straight_to_the_swap() -> None:
+    step = only_step([node(state=State.CORDONING, record=record())], UNCORDONED)
+    assert step.after is State.SWAPPING
+    assert step.patch is not None and step.patch.unschedulable is None
+    assert KEYS.cordon not in annotations_of(step)
+
+
+def test_without_cordon_an_admins_cordon_is_still_recorded_and_kept() -> None:
+    policy = UNCORDONED.model_copy(update={"upgrade_cordoned_nodes": True})
+    view = node(state=State.CORDONING, unschedulable=True, record=record())
+    step = only_step([view], policy)
+    assert annotations_of(step)[KEYS.cordon] == "external"
+    assert step.patch is not None and step.patch.unschedulable is None
+
+
+def test_a_node_evicting_when_device_eviction_is_switched_off_moves_on_unlisted() -> None:
+    step = only_step([node(state=State.EVICTING, record=record())], UNCORDONED)
+    assert step.after is State.SWAPPING and step.evict == ()
+
+
 # Deploy gates.
 
 GATED = UpgradePolicy(deploy_gates={"tenstorrent.com/deploy.tt-telemetry": "false"})
