@@ -223,7 +223,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,
-            policy=driver_policy(spec.upgrade_policy, settings),
+            policy=driver_policy(spec.upgrade_policy, settings, view.operator_namespace),
             nodes=[n.name for n in covered],
             target=f"{spec.version}/{target.template_hash}"
             + ("/force-unload" if target.force_unload else ""),

@@ -62,6 +62,9 @@ class Drain(KubeModel):
     """Also evict pods with emptyDir volumes (their data is lost); skipped otherwise."""
     timeout_seconds: int = Field(default=300, ge=1)
     """Fail the node if selected pods are still there after this long."""
+    spared_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    """Namespaces whose pods are never evicted (the operator's own: the operator itself and
+    the Jobs it runs on the node, which a drain must not cut short)."""
 
     _check_selector = field_validator("pod_selector")(_valid_selector)
 

@@ -360,6 +360,7 @@ def _drain(view: NodeView, ctx: Context) -> Step | None:
         if not p.finished
         and not p.mirror
         and not p.daemonset
+        and p.namespace not in rule.spared_namespaces
         and (rule.force or not p.bare)
         and (rule.delete_empty_dir or not p.empty_dir)
     ]

@@ -1,10 +1,12 @@
-"""The firmware policy's safety rules: optional cordon and drain, and deletion under a flash."""
+"""Safety rules of the Tenstorrent rollouts: optional cordon and drain, what the full drain
+spares, and deletion under a flash."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kmodkit.backends.tenstorrent.drain_rules import firmware_policy
+from kmodkit.backends.tenstorrent.drain_rules import driver_policy, firmware_policy
+from kmodkit.backends.tenstorrent.driver_api import DriverUpgradePolicy
 from kmodkit.backends.tenstorrent.firmware_api import FirmwareUpgradePolicy
 from kmodkit.backends.tenstorrent.firmware_deletion import running_flashes
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
@@ -52,3 +54,9 @@ def test_only_this_policys_unfinished_flashes_hold_its_deletion() -> None:
 
 def test_no_running_flash_lets_the_deletion_go() -> None:
     assert running_flashes(POLICY, [_job("done", "n1", type="SuccessCriteriaMet")]) == []
+
+
+def test_the_drivers_full_drain_spares_the_operator_namespace() -> None:
+    policy = driver_policy(DriverUpgradePolicy(), TenstorrentSettings(), "kmodkit-system")
+    assert policy.drain.enable is True
+    assert policy.drain.spared_namespaces == ["kmodkit-system"]

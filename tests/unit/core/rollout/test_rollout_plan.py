@@ -488,6 +488,20 @@ def test_a_failure_message_names_a_bounded_number_of_pods() -> None:
 DRAIN = UpgradePolicy(drain={"enable": True, "timeoutSeconds": 30})
 
 
+def test_draining_spares_the_namespaces_the_policy_names() -> None:
+    policy = UpgradePolicy(drain={"enable": True, "sparedNamespaces": ["ops"]})
+    pods = (pod("web"), PodView(namespace="ops", name="flash"))
+    step = only_step([node(state=State.DRAINING, record=record(), pods=pods)], policy)
+    assert [p.ref for p in step.evict] == ["work/web"]
+
+
+def test_draining_moves_on_with_only_spared_pods_left() -> None:
+    policy = UpgradePolicy(drain={"enable": True, "sparedNamespaces": ["ops"]})
+    pods = (PodView(namespace="ops", name="operator"),)
+    step = only_step([node(state=State.DRAINING, record=record(), pods=pods)], policy)
+    assert step.after is State.SWAPPING
+
+
 def test_draining_skips_daemonset_mirror_bare_and_emptydir_pods_by_default() -> None:
     pods = (
         pod("web"),
