@@ -25,6 +25,7 @@ from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     DRIVER,
     FIRMWARE,
+    FLASHER_ACCOUNT,
     Poller,
     add_fleet,
     create_policy,
@@ -115,6 +116,10 @@ def test_max_parallel_durable_done_and_force_write_once(
         jobs = _jobs(kube_api, namespace, policy)
         assert len(jobs) == 4
         assert {j.spec.active_deadline_seconds for j in jobs} == {900}
+        # The flasher needs no API access: its own account, and no token mounted.
+        pod_specs = [j.spec.template.spec for j in jobs]
+        assert {p.service_account_name for p in pod_specs} == {FLASHER_ACCOUNT}
+        assert {p.automount_service_account_token for p in pod_specs} == {False}
         s = status(kube_api, FIRMWARE, policy)
         assert {c["type"]: c["reason"] for c in s["conditions"]}["Ready"] == "AllUpToDate"
 

@@ -90,7 +90,9 @@ def flash_job(
                     # Pinned: the node is cordoned while it is flashed.
                     "nodeName": node,
                     "tolerations": [{"operator": "Exists"}],
-                    "serviceAccountName": settings.service_account,
+                    # The flasher never calls the Kubernetes API: no token to steal.
+                    "serviceAccountName": settings.flasher_service_account,
+                    "automountServiceAccountToken": False,
                     "containers": [
                         {
                             "name": CONTAINER,
