@@ -87,7 +87,7 @@ def flash_job(
                 "metadata": {"labels": {**(flasher.pod_labels or {}), **job_meta_labels}},
                 "spec": {
                     "restartPolicy": "Never",
-                    # Pinned: the node is cordoned while it is flashed.
+                    # Pinned, so it runs on a cordoned node (and only there).
                     "nodeName": node,
                     "tolerations": [{"operator": "Exists"}],
                     # The flasher never calls the Kubernetes API: no token to steal.
