@@ -410,3 +410,65 @@ def test_deleting_the_policy_mid_flash_waits_for_the_flash(
     finally:
         delete_policy(kube_api, FIRMWARE, policy)
         delete_nodes(kube_api, [node])
+
+
+def test_a_policy_made_again_never_cuts_its_predecessors_flash(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    """An admin who strips the finalizer of a policy mid-flash and creates it again: the new
+    policy (same name, same Job name) waits for the running flash, then flashes anew."""
+    namespace, tag = env
+    node = f"ttf-{tag}-again"
+    policy = f"fwagain-{tag}"
+    add_fleet(dev_cluster, kube_api, [node], {"ttf-test": f"{tag}-again"})
+    objects = client.CustomObjectsApi(kube_api)
+    body = _policy(policy, f"{tag}-again", flasher={"podLabels": {"kmodkit.io/simulate": "hang"}})
+    try:
+        create_policy(kube_api, FIRMWARE, body)
+        pod = wait_until(lambda: _flash_pod(kube_api, namespace, policy), "the flash running")
+        (old,) = _jobs(kube_api, namespace, policy)
+        delete_policy(kube_api, FIRMWARE, policy)
+        objects.patch_cluster_custom_object(
+            *FIRMWARE,
+            policy,
+            {"metadata": {"finalizers": None}},
+            _content_type="application/merge-patch+json",
+        )
+
+        def gone() -> bool:
+            try:
+                objects.get_cluster_custom_object(*FIRMWARE, policy)
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        wait_until(gone, "the policy gone")
+        create_policy(kube_api, FIRMWARE, {**body, "spec": {**body["spec"], "flasher": {}}})
+        uid = objects.get_cluster_custom_object(*FIRMWARE, policy)["metadata"]["uid"]
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("nodes"), "the new policy reconciled"
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            (now,) = _jobs(kube_api, namespace, policy)
+            assert now.metadata.uid == old.metadata.uid
+            assert now.metadata.deletion_timestamp is None, "the earlier flash is being deleted"
+            time.sleep(1)
+
+        _finish_flash(kube_api, namespace, pod)
+        new = wait_until(
+            lambda: next(
+                (
+                    j
+                    for j in _jobs(kube_api, namespace, policy)
+                    if j.metadata.uid != old.metadata.uid
+                ),
+                None,
+            ),
+            "the new policy's own flash Job",
+            timeout=60,
+        )
+        assert new.metadata.annotations["firmware.tenstorrent.com/cr-uid"] == uid
+    finally:
+        delete_policy(kube_api, FIRMWARE, policy)
+        delete_nodes(kube_api, [node])
