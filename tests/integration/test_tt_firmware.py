@@ -383,9 +383,9 @@ def test_deleting_the_policy_mid_flash_waits_for_the_flash(
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             assert core.read_node(node).spec.unschedulable, "released mid-flash"
-            (now,) = _jobs(kube_api, namespace, policy)
-            assert now.metadata.uid == job.metadata.uid
-            assert now.metadata.deletion_timestamp is None, "the flash Job is being deleted"
+            jobs = _jobs(kube_api, namespace, policy)
+            assert [j.metadata.uid for j in jobs] == [job.metadata.uid], "the flash Job was deleted"
+            assert jobs[0].metadata.deletion_timestamp is None, "the flash Job is being deleted"
             live = core.read_namespaced_pod(pod.metadata.name, namespace)
             assert live.metadata.deletion_timestamp is None, "the flash pod is being deleted"
             time.sleep(1)
@@ -450,9 +450,11 @@ def test_a_policy_made_again_never_cuts_its_predecessors_flash(
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            (now,) = _jobs(kube_api, namespace, policy)
-            assert now.metadata.uid == old.metadata.uid
-            assert now.metadata.deletion_timestamp is None, "the earlier flash is being deleted"
+            jobs = _jobs(kube_api, namespace, policy)
+            assert [j.metadata.uid for j in jobs] == [old.metadata.uid], (
+                "the earlier flash was deleted"
+            )
+            assert jobs[0].metadata.deletion_timestamp is None, "the earlier flash is being deleted"
             time.sleep(1)
 
         _finish_flash(kube_api, namespace, pod)
