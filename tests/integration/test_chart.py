@@ -151,6 +151,7 @@ def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> No
     ]
     assert tt.deploy_gates == ("example.com/deploy.a", "example.com/deploy.b")
     assert tt.service_account == "kmodkit-tenstorrent"
+    assert tt.flasher_service_account == "kmodkit-tenstorrent-flasher"
     assert env["KMODKIT_AGENT_IMAGE"] == f"ghcr.io/kmodkit/agent:0.1.0@{DIGEST}"
     deployment = _one(docs, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2.3")

@@ -10,6 +10,7 @@ a hung flash fails at flashTimeoutSeconds, and the seeds' manifests apply.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +19,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit.backends.tenstorrent import names
+from kmodkit.sdk import RolloutKeys
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     DRIVER,
     FIRMWARE,
+    FLASHER_ACCOUNT,
     Poller,
     add_fleet,
     create_policy,
@@ -112,6 +116,10 @@ def test_max_parallel_durable_done_and_force_write_once(
         jobs = _jobs(kube_api, namespace, policy)
         assert len(jobs) == 4
         assert {j.spec.active_deadline_seconds for j in jobs} == {900}
+        # The flasher needs no API access: its own account, and no token mounted.
+        pod_specs = [j.spec.template.spec for j in jobs]
+        assert {p.service_account_name for p in pod_specs} == {FLASHER_ACCOUNT}
+        assert {p.automount_service_account_token for p in pod_specs} == {False}
         s = status(kube_api, FIRMWARE, policy)
         assert {c["type"]: c["reason"] for c in s["conditions"]}["Ready"] == "AllUpToDate"
 
@@ -251,3 +259,218 @@ def test_the_guides_manifests_apply_unchanged(kube_api: Any, env: tuple[str, str
     finally:
         delete_policy(kube_api, DRIVER, "migration-test")
         delete_policy(kube_api, FIRMWARE, "default")
+
+
+def _flash_pod(kube_api: Any, namespace: str, policy: str) -> Any:
+    pods = (
+        client.CoreV1Api(kube_api)
+        .list_namespaced_pod(namespace, label_selector=f"firmware.tenstorrent.com/cr={policy}")
+        .items
+    )
+    running = [p for p in pods if p.status.phase == "Running"]
+    return running[0] if running else None
+
+
+def _finish_flash(kube_api: Any, namespace: str, pod: Any) -> None:
+    """The flasher exiting 0: kwok runs nothing, so the test writes what the kubelet would."""
+    container = pod.spec.containers[0]
+    client.CoreV1Api(kube_api).patch_namespaced_pod_status(
+        pod.metadata.name,
+        namespace,
+        {
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": container.name,
+                        "image": container.image,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                    }
+                ],
+            }
+        },
+    )
+
+
+def test_without_drain_a_node_is_flashed_uncordoned(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    """The seed's ``Pending → (Cordoning → Draining)? → Flashing``: drain.enable false means
+    neither a cordon nor an eviction, and the device holder keeps running."""
+    namespace, tag = env
+    nodes = [f"ttf-{tag}-nd{i}" for i in range(2)]
+    policy = f"fwnd-{tag}"
+    add_fleet(dev_cluster, kube_api, nodes, {"ttf-test": f"{tag}-nd"})
+    core = client.CoreV1Api(kube_api)
+    holder = {
+        "metadata": {"name": f"holder-{tag}", "labels": {"app": "fw-holder"}},
+        "spec": {
+            "nodeName": nodes[0],
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": "busybox"}],
+            "volumes": [{"name": "dev", "hostPath": {"path": "/dev/tenstorrent"}}],
+        },
+    }
+    core.create_namespaced_pod(namespace, holder)
+    cordoned: set[str] = set()
+
+    def tick() -> None:
+        cordoned.update(
+            n.metadata.name
+            for n in core.list_node(label_selector=f"ttf-test={tag}-nd").items
+            if n.spec.unschedulable
+        )
+
+    watcher = Poller(tick, 0.1)
+    try:
+        create_policy(
+            kube_api,
+            FIRMWARE,
+            _policy(
+                policy,
+                f"{tag}-nd",
+                upgradePolicy={"maxParallel": 2, "drain": {"enable": False, "force": True}},
+            ),
+        )
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("summary", {}).get("upToDate") == 2,
+            "both nodes flashed",
+            timeout=120,
+        )
+        watcher.stop()
+        assert not watcher.errors
+        assert cordoned == set(), f"cordoned although drain.enable is false: {sorted(cordoned)}"
+        pod = core.read_namespaced_pod(f"holder-{tag}", namespace)
+        assert pod.metadata.deletion_timestamp is None, "the device holder was evicted"
+    finally:
+        watcher.stop()
+        delete_policy(kube_api, FIRMWARE, policy)
+        core.delete_namespaced_pod(f"holder-{tag}", namespace, grace_period_seconds=0)
+        delete_nodes(kube_api, nodes)
+
+
+def test_deleting_the_policy_mid_flash_waits_for_the_flash(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    """Deleting a policy (even with foreground cascading, which deletes dependents first)
+    while a node is being flashed kills neither the flash Job nor its pod, and the node
+    stays cordoned until the flash has finished; then it is released and the policy goes."""
+    namespace, tag = env
+    node = f"ttf-{tag}-del"
+    policy = f"fwdel-{tag}"
+    add_fleet(dev_cluster, kube_api, [node], {"ttf-test": f"{tag}-del"})
+    core = client.CoreV1Api(kube_api)
+    objects = client.CustomObjectsApi(kube_api)
+    try:
+        create_policy(
+            kube_api,
+            FIRMWARE,
+            _policy(policy, f"{tag}-del", flasher={"podLabels": {"kmodkit.io/simulate": "hang"}}),
+        )
+        pod = wait_until(lambda: _flash_pod(kube_api, namespace, policy), "the flash running")
+        (job,) = _jobs(kube_api, namespace, policy)
+        assert core.read_node(node).spec.unschedulable
+        objects.delete_cluster_custom_object(*FIRMWARE, policy, propagation_policy="Foreground")
+
+        def held() -> bool:
+            obj = objects.get_cluster_custom_object(*FIRMWARE, policy)
+            return bool(obj["metadata"].get("deletionTimestamp"))
+
+        wait_until(held, "the deletion requested")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert core.read_node(node).spec.unschedulable, "released mid-flash"
+            jobs = _jobs(kube_api, namespace, policy)
+            assert [j.metadata.uid for j in jobs] == [job.metadata.uid], "the flash Job was deleted"
+            assert jobs[0].metadata.deletion_timestamp is None, "the flash Job is being deleted"
+            live = core.read_namespaced_pod(pod.metadata.name, namespace)
+            assert live.metadata.deletion_timestamp is None, "the flash pod is being deleted"
+            time.sleep(1)
+        assert held(), "the policy went away mid-flash"
+        conds = {c["type"]: c for c in status(kube_api, FIRMWARE, policy)["conditions"]}
+        assert conds["Progressing"]["reason"] == "DeletionWaitsForFlash"
+        assert node in conds["Progressing"]["message"]
+
+        _finish_flash(kube_api, namespace, pod)
+        wait_until(lambda: not core.read_node(node).spec.unschedulable, "released", timeout=60)
+
+        def gone() -> bool:
+            try:
+                objects.get_cluster_custom_object(*FIRMWARE, policy)
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        wait_until(gone, "the policy deleted", timeout=60)
+        keys = RolloutKeys.for_policy(names.firmware_policy_id(policy))
+        assert keys.state not in core.read_node(node).metadata.labels
+    finally:
+        delete_policy(kube_api, FIRMWARE, policy)
+        delete_nodes(kube_api, [node])
+
+
+def test_a_policy_made_again_never_cuts_its_predecessors_flash(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    """An admin who strips the finalizer of a policy mid-flash and creates it again: the new
+    policy (same name, same Job name) waits for the running flash, then flashes anew."""
+    namespace, tag = env
+    node = f"ttf-{tag}-again"
+    policy = f"fwagain-{tag}"
+    add_fleet(dev_cluster, kube_api, [node], {"ttf-test": f"{tag}-again"})
+    objects = client.CustomObjectsApi(kube_api)
+    body = _policy(policy, f"{tag}-again", flasher={"podLabels": {"kmodkit.io/simulate": "hang"}})
+    try:
+        create_policy(kube_api, FIRMWARE, body)
+        pod = wait_until(lambda: _flash_pod(kube_api, namespace, policy), "the flash running")
+        (old,) = _jobs(kube_api, namespace, policy)
+        delete_policy(kube_api, FIRMWARE, policy)
+        objects.patch_cluster_custom_object(
+            *FIRMWARE,
+            policy,
+            {"metadata": {"finalizers": None}},
+            _content_type="application/merge-patch+json",
+        )
+
+        def gone() -> bool:
+            try:
+                objects.get_cluster_custom_object(*FIRMWARE, policy)
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        wait_until(gone, "the policy gone")
+        create_policy(kube_api, FIRMWARE, {**body, "spec": {**body["spec"], "flasher": {}}})
+        uid = objects.get_cluster_custom_object(*FIRMWARE, policy)["metadata"]["uid"]
+        wait_until(
+            lambda: status(kube_api, FIRMWARE, policy).get("nodes"), "the new policy reconciled"
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            jobs = _jobs(kube_api, namespace, policy)
+            assert [j.metadata.uid for j in jobs] == [old.metadata.uid], (
+                "the earlier flash was deleted"
+            )
+            assert jobs[0].metadata.deletion_timestamp is None, "the earlier flash is being deleted"
+            time.sleep(1)
+
+        _finish_flash(kube_api, namespace, pod)
+        new = wait_until(
+            lambda: next(
+                (
+                    j
+                    for j in _jobs(kube_api, namespace, policy)
+                    if j.metadata.uid != old.metadata.uid
+                ),
+                None,
+            ),
+            "the new policy's own flash Job",
+            timeout=60,
+        )
+        assert new.metadata.annotations["firmware.tenstorrent.com/cr-uid"] == uid
+    finally:
+        delete_policy(kube_api, FIRMWARE, policy)
+        delete_nodes(kube_api, [node])

@@ -34,6 +34,7 @@ DRIVER = ("driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies")
 FIRMWARE = ("firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies")
 BUILDER_SELECTOR = "app.kubernetes.io/name=tt-kmd-installer"
 KERNEL = "6.8.0-45-generic"
+FLASHER_ACCOUNT = "tt-flasher"
 
 
 def operator_env(namespace: str) -> dict[str, str]:
@@ -42,6 +43,7 @@ def operator_env(namespace: str) -> dict[str, str]:
         "KMODKIT_NAMESPACE": namespace,
         "KMODKIT_BACKENDS": "tenstorrent",
         "KMODKIT_TT_SERVICE_ACCOUNT": "default",
+        "KMODKIT_TT_FLASHER_SERVICE_ACCOUNT": FLASHER_ACCOUNT,
         "KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://proxy.example:3128",
     }
 
@@ -53,6 +55,10 @@ def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple
     core = client.CoreV1Api(kube_api)
     namespace = f"tt-op-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_service_account(
+        namespace,
+        {"metadata": {"name": FLASHER_ACCOUNT}, "automountServiceAccountToken": False},
+    )
     try:
         with running_operator(
             kubeconfig, log_dir / "operator.log", **operator_env(namespace)

@@ -8,7 +8,7 @@ Both roll their change through the rollout core; see docs/tenstorrent.md.
 
 from functools import partial
 
-from kmodkit.backends.tenstorrent import driver_plan, firmware_plan, names
+from kmodkit.backends.tenstorrent import driver_plan, firmware_deletion, firmware_plan, names
 from kmodkit.backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
 from kmodkit.backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
@@ -57,6 +57,7 @@ backend = Backend(
             hooks=firmware_plan.hooks,
             rollout_status=firmware_plan.rollout_status,
             validate=partial(problems_of, TenstorrentFirmwarePolicy),
+            hold_deletion=firmware_deletion.hold_deletion,
             controls=RolloutControls(
                 policy_id=names.firmware_policy_id,
                 pause_field="paused",

@@ -1,9 +1,9 @@
 """How the Tenstorrent policies' drain settings map onto the rollout orchestrator.
 
 Pass 1 evicts the pods that hold the device; pass 2 (driver only,
-``drain.fullNode``) evicts the rest with kubectl-drain semantics. Deploy gates
-take sibling DaemonSets (telemetry) off the node, since DaemonSet pods are
-never evicted.
+``drain.fullNode``) evicts the rest with kubectl-drain semantics, except the
+operator namespace. Deploy gates take sibling DaemonSets (telemetry) off the
+node, since DaemonSet pods are never evicted.
 """
 
 from __future__ import annotations
@@ -57,9 +57,13 @@ admin) are left alone and hold no other node back. Counted against a budget of o
 such node stopped the whole fleet's rollout."""
 
 
-def driver_policy(upgrade: DriverUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
+def driver_policy(
+    upgrade: DriverUpgradePolicy, settings: TenstorrentSettings, operator_namespace: str
+) -> UpgradePolicy:
     """Strictly one node at a time. Without drain the node is still cordoned while its driver
-    is swapped, but nothing is gated or evicted: a holder left on it makes the builder refuse."""
+    is swapped, but nothing is gated or evicted: a holder left on it makes the builder refuse.
+    Pass 2 spares the operator namespace, as upstream's does: the operator and its flash Jobs
+    run there (a flash cut off can brick a card)."""
     drain = upgrade.drain
     return UpgradePolicy(
         max_parallel=1,
@@ -74,6 +78,7 @@ def driver_policy(upgrade: DriverUpgradePolicy, settings: TenstorrentSettings) -
             force=drain.force,
             delete_empty_dir=drain.delete_empty_dir,
             timeout_seconds=drain.timeout_seconds,
+            spared_namespaces=[operator_namespace],
         ),
         validation_timeout_seconds=upgrade.upgrade_timeout_seconds,
     )
@@ -84,13 +89,18 @@ FLASH_START_MARGIN = 120
 
 
 def firmware_policy(upgrade: FirmwareUpgradePolicy, settings: TenstorrentSettings) -> UpgradePolicy:
+    """The seed's ``Pending → (Cordoning → Draining)? → Flashing``: without drain the node is
+    flashed neither cordoned nor drained, as upstream does."""
     drain = upgrade.drain
     return UpgradePolicy(
         max_parallel=upgrade.max_parallel,
         max_unavailable=NO_CAPACITY_BOUND,
         halt_on_failure=upgrade.halt_on_failure,
         upgrade_cordoned_nodes=upgrade.upgrade_cordoned_nodes,
+        cordon=drain.enable,
         deploy_gates=gates(drain.enable, settings),
-        device_eviction=DeviceEviction(force=drain.force, timeout_seconds=drain.timeout_seconds),
+        device_eviction=DeviceEviction(
+            enable=drain.enable, force=drain.force, timeout_seconds=drain.timeout_seconds
+        ),
         validation_timeout_seconds=upgrade.flash_timeout_seconds + FLASH_START_MARGIN,
     )

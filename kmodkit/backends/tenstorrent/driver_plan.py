@@ -242,7 +242,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,
-            policy=driver_policy(spec.upgrade_policy, settings),
+            policy=driver_policy(spec.upgrade_policy, settings, view.operator_namespace),
             nodes=[n.name for n in covered],
             target=f"{spec.version}/{target.template_hash}"
             + ("/force-unload" if target.force_unload else ""),
@@ -270,7 +270,7 @@ def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
         selector = spec.selector()
         covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
         state_key = RolloutKeys.for_policy(names.driver_policy_id(name)).state
-        policy = driver_policy(spec.upgrade_policy, settings)
+        policy = driver_policy(spec.upgrade_policy, settings, view.operator_namespace)
         driver_hooks.restart(
             builders_to_restart(covered, pods, target, state_key, policy.max_parallel)
         )

@@ -68,6 +68,7 @@ class FirmwareHooks:
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
         self._owner = owner
+        self._uid = str(_meta(owner).get("uid", ""))
         self._spec = spec
         self._settings = settings
         self._namespace = namespace
@@ -78,7 +79,7 @@ class FirmwareHooks:
         return needs_flash(_meta(node).get("annotations") or {}, self._target)
 
     def is_device_consumer(self, pod: Obj) -> bool:
-        return self._spec.upgrade_policy.drain.enable and is_device_consumer(pod)
+        return is_device_consumer(pod)
 
     def _identity(self, node: Obj) -> str:
         """Which start of the rollout on this node a Job belongs to: a retry or a forced
@@ -111,10 +112,13 @@ class FirmwareHooks:
         identity = self._identity(node)
         job = self._read_job(name)
         if job is not None:
-            if (_meta(job).get("annotations") or {}).get(
-                keys.TT_FLASH_ATTEMPT_ANNOTATION
-            ) == identity:
+            annotations = _meta(job).get("annotations") or {}
+            # A Job from before the owner uid was recorded is taken as this policy's.
+            owner = annotations.get(keys.TT_FLASH_POLICY_UID_ANNOTATION, self._uid)
+            if owner == self._uid and annotations.get(keys.TT_FLASH_ATTEMPT_ANNOTATION) == identity:
                 return job
+            if owner != self._uid and job_outcome(job) == "running":
+                return None  # an earlier policy's flash is never cut short
             if _meta(job).get("deletionTimestamp") is None:
                 self._batch.delete_namespaced_job(
                     name, self._namespace, propagation_policy="Background"

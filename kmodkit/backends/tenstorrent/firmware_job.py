@@ -14,7 +14,6 @@ from typing import Any
 from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
-from kmodkit.sdk import controller_reference
 
 APP_NAME = "tt-flasher"
 CONTAINER = "flash"
@@ -73,8 +72,11 @@ def flash_job(
             "name": names.flash_job_name(policy, node, spec.version),
             "namespace": namespace,
             "labels": job_meta_labels,
-            "annotations": {keys.TT_FLASH_ATTEMPT_ANNOTATION: attempt},
-            "ownerReferences": [controller_reference(owner)],
+            # No ownerReference: see firmware_deletion.
+            "annotations": {
+                keys.TT_FLASH_ATTEMPT_ANNOTATION: attempt,
+                keys.TT_FLASH_POLICY_UID_ANNOTATION: str(meta.get("uid", "")),
+            },
         },
         "spec": {
             # A half-done flash is not retried blindly: the node fails and says why.
@@ -85,10 +87,12 @@ def flash_job(
                 "metadata": {"labels": {**(flasher.pod_labels or {}), **job_meta_labels}},
                 "spec": {
                     "restartPolicy": "Never",
-                    # Pinned: the node is cordoned while it is flashed.
+                    # Pinned, so it runs on a cordoned node (and only there).
                     "nodeName": node,
                     "tolerations": [{"operator": "Exists"}],
-                    "serviceAccountName": settings.service_account,
+                    # The flasher never calls the Kubernetes API: no token to steal.
+                    "serviceAccountName": settings.flasher_service_account,
+                    "automountServiceAccountToken": False,
                     "containers": [
                         {
                             "name": CONTAINER,

@@ -35,6 +35,10 @@ TT_FIRMWARE_VERSION_LABEL = f"{TT_FIRMWARE_PREFIX}/version"
 """Flash Job and pod label: the bundle version, dots replaced by dashes."""
 TT_FLASH_ATTEMPT_ANNOTATION = f"{TT_FIRMWARE_PREFIX}/attempt"
 """Flash Job annotation: the rollout attempt on the node that created the Job."""
+TT_FLASH_POLICY_UID_ANNOTATION = f"{TT_FIRMWARE_PREFIX}/cr-uid"
+"""Flash Job annotation: the uid of the policy that made it. The Job has no ownerReference
+(the garbage collector must never cut a flash short), so this tells one policy's Jobs from
+those of an earlier, deleted policy of the same name."""
 TT_FW_CURRENT_VERSION_ANNOTATION = f"{TT_FIRMWARE_PREFIX}/current-version"
 """Node annotation: the firmware bundle version read back after the last successful flash.
 Durable: a node carrying the desired version is never flashed again (unless forced)."""

@@ -2,8 +2,10 @@
 
 - ``KMODKIT_TT_BUILDER_IMAGE``: builder image (tt-kmd toolchain, tt-smi, agent).
 - ``KMODKIT_TT_FLASHER_IMAGE``: flash Job image (tt-flash, tt-smi).
-- ``KMODKIT_TT_SERVICE_ACCOUNT``: service account of the builder and flash pods
+- ``KMODKIT_TT_SERVICE_ACCOUNT``: service account of the builder pods
   (default ``kmodkit-tenstorrent``).
+- ``KMODKIT_TT_FLASHER_SERVICE_ACCOUNT``: service account of the flash pods, bound to no role
+  (default ``kmodkit-tenstorrent-flasher``).
 - ``KMODKIT_TT_DEPLOY_GATES``: comma-separated gate label keys, set to ``false`` while a
   node is drained (default ``tenstorrent.com/deploy.tt-telemetry``; set but empty: none).
 - ``KMODKIT_TT_REQUIRE_PCI_LABEL``: ``false`` lets policies cover nodes without the NFD
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 DEFAULT_BUILDER_IMAGE = "ghcr.io/kmodkit/tenstorrent-builder:0.1.0"
 DEFAULT_FLASHER_IMAGE = "ghcr.io/kmodkit/tenstorrent-flasher:0.1.0"
 DEFAULT_SERVICE_ACCOUNT = "kmodkit-tenstorrent"
+DEFAULT_FLASHER_SERVICE_ACCOUNT = "kmodkit-tenstorrent-flasher"
 DEFAULT_DEPLOY_GATES = ("tenstorrent.com/deploy.tt-telemetry",)
 EXTRA_ENV_PREFIX = "KMODKIT_EXTRA_ENV_"
 
@@ -29,6 +32,7 @@ class TenstorrentSettings:
     builder_image: str = DEFAULT_BUILDER_IMAGE
     flasher_image: str = DEFAULT_FLASHER_IMAGE
     service_account: str = DEFAULT_SERVICE_ACCOUNT
+    flasher_service_account: str = DEFAULT_FLASHER_SERVICE_ACCOUNT
     deploy_gates: tuple[str, ...] = DEFAULT_DEPLOY_GATES
     require_pci_label: bool = True
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -41,6 +45,8 @@ class TenstorrentSettings:
             builder_image=env.get("KMODKIT_TT_BUILDER_IMAGE") or DEFAULT_BUILDER_IMAGE,
             flasher_image=env.get("KMODKIT_TT_FLASHER_IMAGE") or DEFAULT_FLASHER_IMAGE,
             service_account=env.get("KMODKIT_TT_SERVICE_ACCOUNT") or DEFAULT_SERVICE_ACCOUNT,
+            flasher_service_account=env.get("KMODKIT_TT_FLASHER_SERVICE_ACCOUNT")
+            or DEFAULT_FLASHER_SERVICE_ACCOUNT,
             deploy_gates=DEFAULT_DEPLOY_GATES
             if gates is None
             else tuple(g.strip() for g in gates.split(",") if g.strip()),

@@ -40,6 +40,9 @@ class WaitForCompletion(KubeModel):
 class DeviceEviction(KubeModel):
     """Drain pass 1: the pods the backend says hold the device."""
 
+    enable: bool = True
+    """Run pass 1 at all; False goes from cordoning (or gating) straight on."""
+
     force: bool = False
     """Also evict device consumers no controller will recreate (bare pods)."""
     timeout_seconds: int = Field(default=300, ge=1)
@@ -59,6 +62,9 @@ class Drain(KubeModel):
     """Also evict pods with emptyDir volumes (their data is lost); skipped otherwise."""
     timeout_seconds: int = Field(default=300, ge=1)
     """Fail the node if selected pods are still there after this long."""
+    spared_namespaces: list[str] = Field(default_factory=list, max_length=16)
+    """Namespaces whose pods are never evicted (the operator's own: the operator itself and
+    the Jobs it runs on the node, which a drain must not cut short)."""
 
     _check_selector = field_validator("pod_selector")(_valid_selector)
 
@@ -78,6 +84,10 @@ class UpgradePolicy(KubeModel):
     """Also change nodes someone else cordoned (an admin's maintenance, another tool): they are
     drained and changed under that cordon, which stays afterwards. False leaves such a node alone
     (reported ``ExternalCordon``) until it is uncordoned."""
+    cordon: bool = True
+    """Cordon each node while it is changed. False changes it with workloads still scheduled
+    there (Tenstorrent firmware with ``drain.enable: false``); a cordon made by someone else
+    is still honoured as above."""
     deploy_gates: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Node labels set while the node is drained (e.g. ``tenstorrent.com/deploy.tt-telemetry:
     "false"``) so sibling DaemonSets holding the device leave; restored afterwards."""

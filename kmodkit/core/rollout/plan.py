@@ -168,6 +168,8 @@ def _configured(state: State, policy: UpgradePolicy) -> bool:
         return bool(policy.deploy_gates)
     if state is State.WAITING_FOR_JOBS:
         return policy.wait_for_completion is not None
+    if state is State.EVICTING:
+        return policy.device_eviction.enable
     if state is State.DRAINING:
         return policy.drain.enable
     return True
@@ -224,17 +226,19 @@ def _cordon(view: NodeView, ctx: Context) -> Step:
     hold = hold_of(view, ctx.policy)
     if hold is not None:
         return _move(view, ctx, State.REQUIRED, reason=hold.reason, message=hold.message)
-    ours = not view.cordoned_by_others
-    owner = "rollout" if ours else "external"
-    return _move(
-        view,
-        ctx,
-        _next_after(State.CORDONING, ctx.policy),
-        reason="" if ours else "ExternalCordon",
-        message="" if ours else "the node was already cordoned; it stays cordoned afterwards",
-        annotations={ctx.keys.cordon: owner},
-        unschedulable=True if ours else None,
-    )
+    following = _next_after(State.CORDONING, ctx.policy)
+    if view.cordoned_by_others:
+        return _move(
+            view,
+            ctx,
+            following,
+            reason="ExternalCordon",
+            message="the node was already cordoned; it stays cordoned afterwards",
+            annotations={ctx.keys.cordon: "external"},
+        )
+    if not ctx.policy.cordon:
+        return _move(view, ctx, following)
+    return _move(view, ctx, following, annotations={ctx.keys.cordon: "rollout"}, unschedulable=True)
 
 
 def _gate(view: NodeView, ctx: Context) -> Step:
@@ -320,9 +324,11 @@ def _evict_or_fail(
 
 
 def _evict_consumers(view: NodeView, ctx: Context) -> Step | None:
+    rule = ctx.policy.device_eviction
+    if not rule.enable:
+        return _move(view, ctx, _next_after(State.EVICTING, ctx.policy))
     if view.pods is None:
         return None
-    rule = ctx.policy.device_eviction
     consumers = [p for p in view.pods if p.device_consumer and not p.finished and not p.mirror]
     if not consumers:
         return _move(view, ctx, _next_after(State.EVICTING, ctx.policy))
@@ -354,6 +360,7 @@ def _drain(view: NodeView, ctx: Context) -> Step | None:
         if not p.finished
         and not p.mirror
         and not p.daemonset
+        and p.namespace not in rule.spared_namespaces
         and (rule.force or not p.bare)
         and (rule.delete_empty_dir or not p.empty_dir)
     ]

@@ -50,7 +50,7 @@ def _pod_selector(state: State | None, policy: UpgradePolicy) -> str | None:
     """Which pods a node in ``state`` needs listed (None: none)."""
     if state is State.WAITING_FOR_JOBS and policy.wait_for_completion is not None:
         return policy.wait_for_completion.pod_selector
-    if state is State.EVICTING:
+    if state is State.EVICTING and policy.device_eviction.enable:
         return ""
     if state is State.DRAINING:
         return policy.drain.pod_selector

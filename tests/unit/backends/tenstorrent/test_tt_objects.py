@@ -131,4 +131,8 @@ def test_flash_job_runs_pinned_with_the_timeout_and_flasher_options() -> None:
     assert pod["metadata"]["labels"]["firmware.tenstorrent.com/version"] == "19-9-0"
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["TT_FORCE_WRITE"] == "true" and env["TT_FW_READBACK"] == "19.9.0.0"
-    assert job["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert pod["spec"]["serviceAccountName"] == "kmodkit-tenstorrent-flasher"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    # Owned by no one the garbage collector follows: deleting the policy never cuts a flash.
+    assert "ownerReferences" not in job["metadata"]
+    assert job["metadata"]["annotations"]["firmware.tenstorrent.com/cr-uid"] == "u1"

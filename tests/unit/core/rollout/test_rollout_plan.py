@@ -331,6 +331,29 @@ def test_a_retry_keeps_the_cordon_it_made_in_an_earlier_attempt() -> None:
     assert annotations_of(only_step([view]))[KEYS.cordon] == "rollout"
 
 
+UNCORDONED = UpgradePolicy(cordon=False, device_eviction={"enable": False})
+
+
+def test_without_cordon_and_device_eviction_a_node_goes_straight_to_the_swap() -> None:
+    step = only_step([node(state=State.CORDONING, record=record())], UNCORDONED)
+    assert step.after is State.SWAPPING
+    assert step.patch is not None and step.patch.unschedulable is None
+    assert KEYS.cordon not in annotations_of(step)
+
+
+def test_without_cordon_an_admins_cordon_is_still_recorded_and_kept() -> None:
+    policy = UNCORDONED.model_copy(update={"upgrade_cordoned_nodes": True})
+    view = node(state=State.CORDONING, unschedulable=True, record=record())
+    step = only_step([view], policy)
+    assert annotations_of(step)[KEYS.cordon] == "external"
+    assert step.patch is not None and step.patch.unschedulable is None
+
+
+def test_a_node_evicting_when_device_eviction_is_switched_off_moves_on_unlisted() -> None:
+    step = only_step([node(state=State.EVICTING, record=record())], UNCORDONED)
+    assert step.after is State.SWAPPING and step.evict == ()
+
+
 # Deploy gates.
 
 GATED = UpgradePolicy(deploy_gates={"tenstorrent.com/deploy.tt-telemetry": "false"})
@@ -463,6 +486,20 @@ def test_a_failure_message_names_a_bounded_number_of_pods() -> None:
 # Drain pass 2: kubectl drain semantics.
 
 DRAIN = UpgradePolicy(drain={"enable": True, "timeoutSeconds": 30})
+
+
+def test_draining_spares_the_namespaces_the_policy_names() -> None:
+    policy = UpgradePolicy(drain={"enable": True, "sparedNamespaces": ["ops"]})
+    pods = (pod("web"), PodView(namespace="ops", name="flash"))
+    step = only_step([node(state=State.DRAINING, record=record(), pods=pods)], policy)
+    assert [p.ref for p in step.evict] == ["work/web"]
+
+
+def test_draining_moves_on_with_only_spared_pods_left() -> None:
+    policy = UpgradePolicy(drain={"enable": True, "sparedNamespaces": ["ops"]})
+    pods = (PodView(namespace="ops", name="operator"),)
+    step = only_step([node(state=State.DRAINING, record=record(), pods=pods)], policy)
+    assert step.after is State.SWAPPING
 
 
 def test_draining_skips_daemonset_mirror_bare_and_emptydir_pods_by_default() -> None:
