@@ -134,12 +134,14 @@ class FakeBuilder:
 
     ``dkms`` nodes have DKMS signals (labelled install-mode=host); on ``held`` nodes a process
     keeps /dev/tenstorrent open, so a builder without forceUnload refuses the unload and its
-    container crash-loops with the holder named in its termination message.
+    container crash-loops with the holder named in its termination message. On ``building``
+    nodes the builder is still compiling: it reports nothing until the node leaves the set.
     """
 
     def __init__(self, kube_api: Any, namespace: str) -> None:
         self.dkms: set[str] = set()
         self.held: set[str] = set()
+        self.building: set[str] = set()
         self._core = client.CoreV1Api(kube_api)
         self._namespace = namespace
         self._done: set[str] = set()
@@ -155,6 +157,8 @@ class FakeBuilder:
                 continue
             env = {e.name: e.value for e in pod.spec.containers[0].env or []}
             node = pod.spec.node_name
+            if node in self.building:
+                continue
             if node in self.held and node not in self.dkms and env.get("TT_FORCE_UNLOAD") != "true":
                 self._crash_loop(pod)
             else:

@@ -35,6 +35,7 @@ from kmodkit.backends.tenstorrent.status_common import (
     node_entries,
     overlay_rollout,
 )
+from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
     ClusterView,
     NodeView,
@@ -174,7 +175,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     generation = meta.get("generation")
     previous = body.get("status") or {}
     try:
-        spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+        spec, unknown = parse_spec(TenstorrentDriverPolicySpec, body.get("spec") or {})
     except ValidationError as err:
         return invalid_spec_plan(err, view, previous, generation, now)
     settings = TenstorrentSettings.from_settings(view.settings)
@@ -214,7 +215,10 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         },
         "nodes": entries,
         "nodesOmitted": omitted,
-        "conditions": _conditions(rows, ctx, previous, generation, now),
+        "conditions": [
+            *_conditions(rows, ctx, previous, generation, now),
+            *ignored_condition(unknown, previous, generation, now),
+        ],
     }
     busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
     return Plan(
@@ -239,7 +243,7 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 
 def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
     name = str((body.get("metadata") or {}).get("name", ""))
-    spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+    spec, _ = parse_spec(TenstorrentDriverPolicySpec, body.get("spec") or {})
     settings = TenstorrentSettings.from_settings(view.settings)
     target = _target(spec, daemonset(name, view.operator_namespace, spec, settings))
     return DriverHooks(api, pods_by_node(view.watched.get(BUILDERS, ()), name), target)

@@ -29,6 +29,7 @@ from kmodkit.backends.tenstorrent.status_common import (
     node_entries,
     overlay_rollout,
 )
+from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
     ClusterView,
     NodeView,
@@ -165,7 +166,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     generation = meta.get("generation")
     previous = body.get("status") or {}
     try:
-        spec = TenstorrentFirmwarePolicySpec.model_validate(body.get("spec") or {})
+        spec, unknown = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
     except ValidationError as err:
         return invalid_spec_plan(err, view, previous, generation, now)
     settings = TenstorrentSettings.from_settings(view.settings)
@@ -189,7 +190,10 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         },
         "nodes": entries,
         "nodesOmitted": omitted,
-        "conditions": _conditions(rows, spec, previous, generation, now),
+        "conditions": [
+            *_conditions(rows, spec, previous, generation, now),
+            *ignored_condition(unknown, previous, generation, now),
+        ],
         "forceWriteRequest": NO_FORCE_REQUEST if request is None else request,
     }
     busy = any(r.state not in ("Done", "Skipped") for r in rows)
@@ -213,7 +217,7 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 
 def hooks(body: Obj, view: ClusterView, api: Any) -> FirmwareHooks:
     name = str((body.get("metadata") or {}).get("name", ""))
-    spec = TenstorrentFirmwarePolicySpec.model_validate(body.get("spec") or {})
+    spec, _ = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
     return FirmwareHooks(
         api,
         body,
