@@ -29,11 +29,14 @@ from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
 from kmodkit.backends.tenstorrent.status_common import (
+    IN_PROGRESS,
     Row,
     condition,
     count,
     node_entries,
     overlay_rollout,
+    paused_progressing,
+    paused_ready,
 )
 from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
@@ -153,10 +156,12 @@ def _conditions(
         ready = ("True", "AllReady", f"{done}/{len(managed)} nodes have tt-kmd {ctx.spec.version}")
     elif failed:
         ready = ("False", "NodesFailed", f"{failed} node(s) failed; see status.nodes")
+    elif ctx.spec.paused:
+        ready = paused_ready(done, len(managed))
     else:
         ready = ("False", "Installing", f"{done}/{len(managed)} nodes ready")
     if ctx.spec.paused:
-        progressing = ("False", "Paused", "spec.paused is true; no further node starts")
+        progressing = paused_progressing(count(managed, *IN_PROGRESS))
     elif halted:
         progressing = ("False", "Halted", "a node failed and haltOnFailure is set")
     elif done + failed < len(managed):

@@ -28,6 +28,8 @@ from kmodkit.backends.tenstorrent.status_common import (
     count,
     node_entries,
     overlay_rollout,
+    paused_progressing,
+    paused_ready,
 )
 from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
@@ -138,6 +140,8 @@ def _conditions(
     busy = count(managed, "Pending", "Cordoning", "Draining", "Flashing", "Uncordoning")
     if failed:
         ready = ("False", "NodesFailed", f"{failed} node(s) failed")
+    elif busy and spec.paused:
+        ready = paused_ready(done, len(managed))
     elif busy:
         ready = ("False", "NodesPending", f"{done}/{len(managed)} up to date")
     else:
@@ -146,8 +150,8 @@ def _conditions(
     halted = spec.upgrade_policy.halt_on_failure and any(
         r.rollout_state is State.FAILED for r in managed
     )
-    if spec.paused and not in_flight:
-        progressing = ("False", "Paused", "spec.paused is true; no further node starts")
+    if spec.paused:
+        progressing = paused_progressing(in_flight)
     elif halted and not in_flight:
         progressing = ("False", "Halted", "a node failed and haltOnFailure is set")
     elif in_flight or (busy and spec.upgrade_policy.auto_upgrade and not spec.paused):

@@ -91,6 +91,22 @@ def count(rows: Iterable[Row], *states: str) -> int:
     return sum(1 for r in rows if r.state in states)
 
 
+def paused_ready(done: int, total: int) -> tuple[str, str, str]:
+    """Ready while paused with nodes still to do (a failure is reported instead)."""
+    return ("False", "Paused", f"{done}/{total} nodes up to date; spec.paused is true")
+
+
+def paused_progressing(in_flight: int) -> tuple[str, str, str]:
+    """Progressing while paused: nodes already in flight still finish."""
+    if in_flight:
+        return (
+            "True",
+            "Paused",
+            f"spec.paused is true; {in_flight} node(s) in flight finish, no further node starts",
+        )
+    return ("False", "Paused", "spec.paused is true; no further node starts")
+
+
 def overlay_rollout(
     status: Mapping[str, Any], result: RolloutStatus, state_of: Mapping[State, str]
 ) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""What the Tenstorrent policies' status says: pause, flasher image pulls."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
+from kmodkit.core.contract.backend import ClusterView
+from kmodkit.core.nodes import NodeView
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+PCI = {"feature.node.kubernetes.io/pci-1200_1e52.present": "true"}
+DRIVER_ROLLOUT = "rollout.kmodkit.io/ttdp.default"
+FIRMWARE_ROLLOUT = "rollout.kmodkit.io/ttfwp.fw"
+
+
+def _node(name: str, **labels: str) -> NodeView:
+    return NodeView(name=name, labels={**PCI, **labels}, ready=True)
+
+
+def _view(nodes: list[NodeView], **watched: list[dict[str, Any]]) -> ClusterView:
+    return ClusterView(
+        nodes=nodes,
+        api_groups=frozenset(),
+        operator_namespace="ops",
+        watched=watched,
+        owned=[{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ttdrv-d"}}],
+    )
+
+
+def _conditions(plan: Any) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
+
+
+def _ttdp(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "default", "generation": 2},
+        "spec": {"version": "2.9.0", "nodeAffinity": {}, **spec},
+    }
+
+
+def _ttfwp(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "fw", "generation": 2},
+        "spec": {"version": "19.9.0", "nodeAffinity": {}, **spec},
+    }
+
+
+def test_a_paused_policy_says_so_in_both_conditions_while_a_node_finishes() -> None:
+    nodes = [_node("busy", **{DRIVER_ROLLOUT: "evicting"}), _node("next")]
+    plan = driver_plan.plan_at(_ttdp(paused=True), _view(nodes), NOW)
+    assert _conditions(plan) == {"Ready": ("False", "Paused"), "Progressing": ("True", "Paused")}
+    message = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")["message"]
+    assert "1 node(s) in flight finish" in message
+    idle = driver_plan.plan_at(_ttdp(paused=True), _view([_node("next")]), NOW)
+    assert _conditions(idle) == {"Ready": ("False", "Paused"), "Progressing": ("False", "Paused")}
+
+    fw_nodes = [_node("busy", **{FIRMWARE_ROLLOUT: "validating"}), _node("next")]
+    fw = firmware_plan.plan_at(_ttfwp(paused=True), _view(fw_nodes), NOW)
+    assert _conditions(fw) == {"Ready": ("False", "Paused"), "Progressing": ("True", "Paused")}
+    fw_idle = firmware_plan.plan_at(_ttfwp(paused=True), _view([_node("next")]), NOW)
+    assert _conditions(fw_idle) == {
+        "Ready": ("False", "Paused"),
+        "Progressing": ("False", "Paused"),
+    }
+
+
+def test_pause_hides_neither_a_failure_nor_a_finished_rollout() -> None:
+    failed = [_node("bad", **{DRIVER_ROLLOUT: "failed"})]
+    plan = driver_plan.plan_at(_ttdp(paused=True), _view(failed), NOW)
+    assert _conditions(plan)["Ready"] == ("False", "NodesFailed")
+    done = [_node("ok", **{"firmware.tenstorrent.com/fw-version": "19.9.0.0"})]
+    fw = firmware_plan.plan_at(_ttfwp(paused=True), _view(done), NOW)
+    assert _conditions(fw) == {"Ready": ("True", "AllUpToDate"), "Progressing": ("False", "Paused")}
