@@ -18,6 +18,7 @@ from kmodkit.backends.tenstorrent import names
 from kmodkit.backends.tenstorrent.drain_rules import firmware_policy
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget
+from kmodkit.backends.tenstorrent.flash_pods import image_pull_problems
 from kmodkit.backends.tenstorrent.keys import TT_FIRMWARE_SKIP_LABEL, TT_FW_VERSION_LABEL
 from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
@@ -45,6 +46,8 @@ from kmodkit.sdk import (
 )
 
 REQUEUE_WHILE_ROLLING = 5.0
+FLASHERS = "flashers"
+"""The ``ClusterView.watched`` key of the flash pods."""
 
 ROLLOUT_STATES: Mapping[State, str] = {
     State.REQUIRED: "Pending",
@@ -98,7 +101,11 @@ def _target(name: str, spec: TenstorrentFirmwarePolicySpec, body: Obj) -> Firmwa
 
 
 def _row(
-    node: NodeView, spec: TenstorrentFirmwarePolicySpec, policy: str, keys: RolloutKeys
+    node: NodeView,
+    spec: TenstorrentFirmwarePolicySpec,
+    policy: str,
+    keys: RolloutKeys,
+    pull_problem: str = "",
 ) -> Row:
     current = node.labels.get(TT_FW_VERSION_LABEL, "")
     job = names.flash_job_name(policy, node.name, spec.version)
@@ -114,6 +121,12 @@ def _row(
     if rollout is not None:
         state = ROLLOUT_STATES[rollout]
         extra = {"lastFlashJob": job} if rollout in _FLASHED else {}
+        if state == "Flashing" and pull_problem:
+            message = (
+                f"kubelet: {pull_problem} (check the flasher image and the imagePullSecrets of "
+                "the flash pods' service account); the node fails at the flash deadline"
+            )
+            return Row(node.name, state, "FlasherImagePullFailed", message, current, extra, rollout)
         return Row(node.name, state, _REASONS[state], "", current, extra, rollout)
     if current == spec.readback():
         return Row(node.name, "Done", "FlashSucceeded", "", current)
@@ -178,7 +191,8 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     keys = RolloutKeys.for_policy(policy_id)
     selector = spec.selector()
     covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
-    rows = [_row(n, spec, name, keys) for n in covered]
+    pulls = image_pull_problems(view.watched.get(FLASHERS, ()), name)
+    rows = [_row(n, spec, name, keys, pulls.get(n.name, "")) for n in covered]
     entries, omitted = node_entries(rows, previous, now)
     request = force_request(spec, body)
     status = {

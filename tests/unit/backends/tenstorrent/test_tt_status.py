@@ -73,3 +73,45 @@ def test_pause_hides_neither_a_failure_nor_a_finished_rollout() -> None:
     done = [_node("ok", **{"firmware.tenstorrent.com/fw-version": "19.9.0.0"})]
     fw = firmware_plan.plan_at(_ttfwp(paused=True), _view(done), NOW)
     assert _conditions(fw) == {"Ready": ("True", "AllUpToDate"), "Progressing": ("False", "Paused")}
+
+
+def _flash_pod(node: str, waiting: str, policy: str = "fw") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"ttfwp-{policy}-{node}-abcde",
+            "namespace": "ops",
+            "labels": {
+                "firmware.tenstorrent.com/cr": policy,
+                "firmware.tenstorrent.com/node": node,
+            },
+        },
+        "spec": {"nodeName": node},
+        "status": {
+            "containerStatuses": [
+                {"name": "flash", "state": {"waiting": {"reason": waiting, "message": "x"}}}
+            ]
+        },
+    }
+
+
+def test_a_flasher_image_that_cannot_be_pulled_has_its_own_reason() -> None:
+    nodes = [
+        _node("pulling", **{FIRMWARE_ROLLOUT: "validating"}),
+        _node("starting", **{FIRMWARE_ROLLOUT: "validating"}),
+        _node("other-policy", **{FIRMWARE_ROLLOUT: "validating"}),
+    ]
+    pods = [
+        _flash_pod("pulling", "ImagePullBackOff"),
+        _flash_pod("starting", "ContainerCreating"),
+        _flash_pod("other-policy", "ErrImagePull", policy="fw2"),
+    ]
+    plan = firmware_plan.plan_at(_ttfwp(), _view(nodes, **{firmware_plan.FLASHERS: pods}), NOW)
+    rows = {n["name"]: n for n in plan.status["nodes"]}
+    assert (rows["pulling"]["state"], rows["pulling"]["reason"]) == (
+        "Flashing",
+        "FlasherImagePullFailed",
+    )
+    assert "ImagePullBackOff" in rows["pulling"]["message"]
+    assert "imagePullSecrets" in rows["pulling"]["message"]
+    assert rows["starting"]["reason"] == "Flashing"
+    assert rows["other-policy"]["reason"] == "Flashing"
