@@ -218,6 +218,7 @@ class ResourceController:
         if plan.rollout is not None:
             status = self._rollout(body, plan, view, status)
         metrics.degraded(self._id, _policy_name(body), status)
+        metrics.summary(self._id, _policy_name(body), status)
         self._write_status(body, status)
         if failed:
             return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
