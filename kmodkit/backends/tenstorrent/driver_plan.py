@@ -37,6 +37,7 @@ from kmodkit.backends.tenstorrent.status_common import (
     overlay_rollout,
     paused_progressing,
     paused_ready,
+    transition_events,
 )
 from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
@@ -68,6 +69,14 @@ ROLLOUT_STATES: Mapping[State, str] = {
     State.FAILED: "Failed",
 }
 """Driver node state shown for each rollout state (``done`` is shown from the builder)."""
+OBSERVED_REASONS: Mapping[str, bool] = {
+    "BuilderImagePullFailed": True,
+    "BuilderCrashLoop": True,
+    "HostManagedKMD": False,
+    "Skipped": False,
+}
+"""Node reasons read from the node and its builder pod (not rollout moves), each with whether
+its Event is a warning."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +238,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     return Plan(
         objects=[ds] if create else [],
         status=status,
+        events=transition_events(rows, previous, OBSERVED_REASONS),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,

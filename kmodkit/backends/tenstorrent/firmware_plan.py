@@ -31,6 +31,7 @@ from kmodkit.backends.tenstorrent.status_common import (
     overlay_rollout,
     paused_progressing,
     paused_ready,
+    transition_events,
 )
 from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
@@ -73,6 +74,15 @@ _REASONS = {
     "Done": "FlashSucceeded",
     "Failed": "RolloutFailed",
 }
+
+
+OBSERVED_REASONS: Mapping[str, bool] = {
+    "FlasherImagePullFailed": True,
+    "Skipped": False,
+    "AutoUpgradeDisabled": False,
+}
+"""Node reasons read from the node and its flash pod (not rollout moves), each with whether
+its Event is a warning."""
 
 
 NO_FORCE_REQUEST = 0
@@ -217,6 +227,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     busy = any(r.state not in ("Done", "Skipped") for r in rows)
     return Plan(
         status=status,
+        events=transition_events(rows, previous, OBSERVED_REASONS),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,

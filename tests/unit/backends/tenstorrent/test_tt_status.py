@@ -115,3 +115,52 @@ def test_a_flasher_image_that_cannot_be_pulled_has_its_own_reason() -> None:
     assert "imagePullSecrets" in rows["pulling"]["message"]
     assert rows["starting"]["reason"] == "Flashing"
     assert rows["other-policy"]["reason"] == "Flashing"
+
+
+def _builder_pod(node: str, waiting: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"ttdrv-default-{node}",
+            "namespace": "ops",
+            "labels": {"driver.tenstorrent.com/cr": "default"},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "builder"}]},
+        "status": {
+            "containerStatuses": [{"name": "builder", "state": {"waiting": {"reason": waiting}}}]
+        },
+    }
+
+
+def test_each_observed_node_transition_is_one_event() -> None:
+    nodes = [
+        _node("pull"),
+        _node("unlisted"),
+        _node("host", **{"driver.tenstorrent.com/install-mode": "host"}),
+    ]
+    pods = [_builder_pod("pull", "ErrImagePull"), _builder_pod("unlisted", "ErrImagePull")]
+    view = _view(nodes, **{driver_plan.BUILDERS: pods})
+    waiting = {"state": "Pending", "reason": "WaitingForBuilder"}
+    before = {"nodes": [{"name": "pull", **waiting}, {"name": "host", **waiting}]}
+    first = driver_plan.plan_at({**_ttdp(), "status": before}, view, NOW)
+    events = {e.node: e for e in first.events}
+    assert set(events) == {"pull", "host"}  # "unlisted" was not in the status: not compared
+    assert (events["pull"].reason, events["pull"].warning) == ("BuilderImagePullFailed", True)
+    assert "ErrImagePull" in events["pull"].message
+    assert (events["host"].reason, events["host"].warning) == ("HostManagedKMD", False)
+    again = driver_plan.plan_at({**_ttdp(), "status": dict(first.status)}, view, NOW)
+    assert list(again.events) == []
+
+    fw_nodes = [_node("flash", **{FIRMWARE_ROLLOUT: "validating"})]
+    fw_view = _view(fw_nodes, **{firmware_plan.FLASHERS: [_flash_pod("flash", "ErrImagePull")]})
+    fw_before = {"nodes": [{"name": "flash", "state": "Flashing", "reason": "Flashing"}]}
+    fw = firmware_plan.plan_at({**_ttfwp(), "status": fw_before}, fw_view, NOW)
+    assert [(e.node, e.reason, e.warning) for e in fw.events] == [
+        ("flash", "FlasherImagePullFailed", True)
+    ]
+    # The rollout's own moves (here into Flashing) are posted by the rollout, not again here.
+    moved = firmware_plan.plan_at(
+        {**_ttfwp(), "status": {"nodes": [{"name": "flash", "state": "Pending", "reason": ""}]}},
+        _view(fw_nodes),
+        NOW,
+    )
+    assert list(moved.events) == []
