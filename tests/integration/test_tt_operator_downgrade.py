@@ -1,8 +1,10 @@
 """An operator older than the CRDs (``helm rollback`` of the operator, CRDs kept): a policy
 carrying fields this operator does not know is still served, mid-rollout included.
 
-The newer CRD is ours with properties added; the fields are ignored and named in a
-``FieldsIgnored`` condition, and the rollout in flight finishes and uncordons its node.
+The newer CRD is ours with properties added. With a node cordoned mid-rollout, the fields are
+set and the operator is replaced (killed, started again, as the rolled-back pod starts); it
+ignores the fields, names them in a ``FieldsIgnored`` condition, and the rollout finishes and
+uncordons the node.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from kmodkit_dev.manifests import apply, wait_established
+from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install, manifests
 from tests.integration.test_tt_support import (
@@ -26,6 +31,7 @@ from tests.integration.test_tt_support import (
     delete_nodes,
     delete_policy,
     node_labels,
+    operator_env,
     patch_policy,
     status,
     tt_operator,
@@ -47,18 +53,25 @@ def _newer_crd() -> dict[str, Any]:
     return crd
 
 
+@dataclass
+class Fleet:
+    tag: str
+    """Label ttdg-test=<tag> on the nodes; the policy is drv-dg-<tag>."""
+    nodes: list[str]
+    builder: FakeBuilder
+    operator: Operator
+    namespace: str
+
+
 @pytest.fixture
-def fleet(
-    dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path: Any
-) -> Iterator[tuple[str, list[str], FakeBuilder]]:
-    """A tag (label ttdg-test=<tag> on the nodes, policy drv-dg-<tag>), two nodes, a builder."""
+def fleet(dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path: Any) -> Iterator[Fleet]:
     tag = uuid.uuid4().hex[:6]
     nodes = [f"ttdg-{tag}-{i}" for i in range(2)]
-    with tt_operator(kubeconfig, kube_api, tmp_path) as (_, namespace):
+    with tt_operator(kubeconfig, kube_api, tmp_path) as (operator, namespace):
         add_fleet(dev_cluster, kube_api, nodes, {"ttdg-test": tag})
         builder = FakeBuilder(kube_api, namespace)
         try:
-            yield tag, nodes, builder
+            yield Fleet(tag, nodes, builder, operator, namespace)
         finally:
             builder.stop()
             delete_policy(kube_api, DRIVER, f"drv-dg-{tag}")
@@ -72,9 +85,9 @@ def _conditions(kube_api: Any, policy: str) -> dict[str, dict[str, Any]]:
 
 
 def test_fields_this_operator_does_not_know_are_ignored_mid_rollout(
-    kube_api: Any, fleet: tuple[str, list[str], FakeBuilder]
+    kubeconfig: str, kube_api: Any, fleet: Fleet, tmp_path: Path
 ) -> None:
-    tag, nodes, builder = fleet
+    tag, nodes, builder = fleet.tag, fleet.nodes, fleet.builder
     policy = f"drv-dg-{tag}"
     core = client.CoreV1Api(kube_api)
     create_policy(
@@ -118,10 +131,18 @@ def test_fields_this_operator_does_not_know_are_ignored_mid_rollout(
         return obj if "maxSurgeNodes" in obj["spec"] else None
 
     wait_until(stored, "the newer fields stored")
+    # The downgrade: the operator's pod is replaced by one that does not know the fields.
+    fleet.operator.kill()
+    with running_operator(kubeconfig, tmp_path / "older.log", **operator_env(fleet.namespace)):
+        _served_with_fields_ignored(kube_api, fleet, policy, cordoned)
+
+
+def _served_with_fields_ignored(
+    kube_api: Any, fleet: Fleet, policy: str, cordoned: list[str]
+) -> None:
+    nodes, core = fleet.nodes, client.CoreV1Api(kube_api)
 
     def verdict() -> dict[str, dict[str, Any]] | None:
-        # A watch from before the CRD change may still show the object without the new
-        # fields for a moment; the operator's verdict on them is what counts.
         conditions = _conditions(kube_api, policy)
         seen = "FieldsIgnored" in conditions or conditions["Ready"]["reason"] == "InvalidSpec"
         return conditions if seen else None
@@ -133,7 +154,7 @@ def test_fields_this_operator_does_not_know_are_ignored_mid_rollout(
     assert "spec.maxSurgeNodes" in ignored["message"]
     assert "spec.upgradePolicy.drain.skipDaemonSets" in ignored["message"]
 
-    builder.building.clear()
+    fleet.builder.building.clear()
     wait_until(
         lambda: (
             all(node_labels(kube_api, n).get(KMD) == "2.9.0" for n in nodes)

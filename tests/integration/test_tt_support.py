@@ -34,6 +34,16 @@ BUILDER_SELECTOR = "app.kubernetes.io/name=tt-kmd-installer"
 KERNEL = "6.8.0-45-generic"
 
 
+def operator_env(namespace: str) -> dict[str, str]:
+    """The environment ``tt_operator`` runs the operator with (to start another one)."""
+    return {
+        "KMODKIT_NAMESPACE": namespace,
+        "KMODKIT_BACKENDS": "tenstorrent",
+        "KMODKIT_TT_SERVICE_ACCOUNT": "default",
+        "KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://proxy.example:3128",
+    }
+
+
 @contextmanager
 def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple[Operator, str]]:
     """The real operator, serving the Tenstorrent backend, with its own namespace."""
@@ -43,12 +53,7 @@ def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple
     core.create_namespace({"metadata": {"name": namespace}})
     try:
         with running_operator(
-            kubeconfig,
-            log_dir / "operator.log",
-            KMODKIT_NAMESPACE=namespace,
-            KMODKIT_BACKENDS="tenstorrent",
-            KMODKIT_TT_SERVICE_ACCOUNT="default",
-            KMODKIT_EXTRA_ENV_HTTPS_PROXY="http://proxy.example:3128",
+            kubeconfig, log_dir / "operator.log", **operator_env(namespace)
         ) as op:
             yield op, namespace
     finally:
