@@ -18,6 +18,7 @@ from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.core.runtime.plugins import discover
 from kmodkit_dev.manifests import apply, wait_established
 from kmodkit_dev.operator import running_operator
+from kmodkit_dev.versions import KUBERNETES_VERSION
 from kmodkit_dev.waiting import wait_gone, wait_until
 from tests.integration.helm import CHART, HELMS, Helm, grants
 
@@ -156,6 +157,68 @@ def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> No
     deployment = _one(docs, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2.3")
     assert "KMODKIT_TT_DEPLOY_GATES" not in _env(helm.template())  # the backend's default
+
+
+def test_the_seeds_value_names_work_as_aliases(each_helm: Helm, tmp_path: Path) -> None:
+    """The upstream guides' commands: ``--set driver.image.tag=...`` (with or without
+    ``driver.image.repository``) picks the Tenstorrent builder image, and
+    ``controller.extraEnv`` may be a list of env entries."""
+    helm = each_helm
+
+    def builder_image(*sets: str) -> str:
+        return _env(helm.template(*sets))["KMODKIT_TT_BUILDER_IMAGE"]
+
+    assert builder_image("--set", "driver.image.tag=sha-newer") == (
+        "ghcr.io/kmodkit/tenstorrent-builder:sha-newer"
+    )
+    assert builder_image(
+        "--set", "driver.image.repository=mirror.example/tt-builder,driver.image.tag=sha-newer"
+    ) == "mirror.example/tt-builder:sha-newer"  # fmt: skip
+    # The alias wins over our own name, which the seed's --reuse-values keeps.
+    assert builder_image(
+        "--set", "tenstorrent.builderImage.tag=1.0.0,driver.image.tag=sha-newer"
+    ).endswith(":sha-newer")
+    assert builder_image() == "ghcr.io/kmodkit/tenstorrent-builder:0.1.0"
+
+    values = tmp_path / "proxy.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "controller": {
+                    "extraEnv": [
+                        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                        {"name": "NO_PROXY", "value": ".svc"},
+                    ]
+                }
+            }
+        )
+    )
+    tt = TenstorrentSettings.from_settings(_env(helm.template("-f", str(values))))
+    assert tt.env() == [
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+        {"name": "NO_PROXY", "value": ".svc"},
+    ]
+    listed = helm.template(
+        "--set", "controller.extraEnv[0].name=HTTP_PROXY,controller.extraEnv[0].value=http://p:1"
+    )
+    assert _env(listed)["KMODKIT_EXTRA_ENV_HTTP_PROXY"] == "http://p:1"
+
+    bad = helm.run(
+        "lint", str(CHART),
+        "--set", "controller.extraEnv[0].name=HTTPS_PROXY",
+        "--set", "controller.extraEnv[0].valueFrom.secretKeyRef.name=proxy",
+        ok=False,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "/controller/extraEnv/0" in bad.stderr + bad.stdout
+    twice = helm.run(
+        "template", "kmodkit", str(CHART), "--kube-version", KUBERNETES_VERSION,
+        "--set", "controller.extraEnv[0].name=NO_PROXY,controller.extraEnv[0].value=a",
+        "--set", "controller.extraEnv[1].name=NO_PROXY,controller.extraEnv[1].value=b",
+        ok=False,
+    )  # fmt: skip
+    assert twice.returncode != 0
+    assert "controller.extraEnv lists NO_PROXY twice" in twice.stderr + twice.stdout
 
 
 def test_operator_pod_is_hardened(helm: Helm) -> None:

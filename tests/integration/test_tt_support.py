@@ -155,6 +155,8 @@ class FakeBuilder:
     crash-loops that way, whatever is loaded (an older builder that unloaded on its own).
     ``reloads`` records (node, rollout state) of every reload; ``adopted`` the pods that adopted.
     ``start_seconds`` keeps every new pod NotReady that long first (the real builder's start).
+    On ``building`` nodes the builder is still compiling: it reports nothing until the node
+    leaves the set.
     """
 
     def __init__(self, kube_api: Any, namespace: str) -> None:
@@ -165,6 +167,7 @@ class FakeBuilder:
         self.adopted: list[str] = []
         self.start_seconds = 0.0
         self._seen: dict[str, float] = {}
+        self.building: set[str] = set()
         self._core = client.CoreV1Api(kube_api)
         self._namespace = namespace
         self._done: set[str] = set()
@@ -189,6 +192,8 @@ class FakeBuilder:
         seen = self._seen.setdefault(pod.metadata.uid, time.monotonic())
         if time.monotonic() - seen < self.start_seconds:
             self._hold(pod)
+            return False
+        if node in self.building:
             return False
         forced = env.get("TT_FORCE_UNLOAD") == "true"
         if node in self.dkms:

@@ -42,3 +42,26 @@ backend has: only the built-in Module engine runs (empty would enable all). */}}
 {{- end -}}
 {{- if $on -}}{{- join "," $on -}}{{- else -}}none{{- end -}}
 {{- end -}}
+
+{{/* The Tenstorrent builder image: upstream's driver.image fields win where set. */}}
+{{- define "kmodkit.ttBuilderImage" -}}
+{{- $image := deepCopy .Values.tenstorrent.builderImage -}}
+{{- range $field, $value := .Values.driver.image -}}
+{{- if $value -}}{{- $_ := set $image $field $value -}}{{- end -}}
+{{- end -}}
+{{- include "kmodkit.image" (dict "image" $image "root" .) -}}
+{{- end -}}
+
+{{/* controller.extraEnv as name/value pairs, from a map or from a list of env entries. */}}
+{{- define "kmodkit.extraEnv" -}}
+{{- $env := dict -}}
+{{- if kindIs "slice" .Values.controller.extraEnv -}}
+{{- range .Values.controller.extraEnv -}}
+{{- if hasKey $env .name -}}{{- fail (printf "controller.extraEnv lists %s twice; keep one entry" .name) -}}{{- end -}}
+{{- $_ := set $env .name .value -}}
+{{- end -}}
+{{- else -}}
+{{- $env = .Values.controller.extraEnv -}}
+{{- end -}}
+{{- toYaml $env -}}
+{{- end -}}

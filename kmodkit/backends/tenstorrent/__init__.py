@@ -13,6 +13,7 @@ from kmodkit.backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
 from kmodkit.backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
 from kmodkit.backends.tenstorrent.firmware_api import FIRMWARE_CRD, TenstorrentFirmwarePolicy
+from kmodkit.backends.tenstorrent.firmware_job import APP_NAME as FLASHER_APP
 from kmodkit.backends.tenstorrent.keys import TT_DRIVER_SKIP_LABEL, TT_FIRMWARE_SKIP_LABEL
 from kmodkit.backends.tenstorrent.validation import problems_of
 from kmodkit.sdk import CONTRACT_VERSION, Backend, OwnedKind, Resource, RolloutControls, Watch
@@ -54,6 +55,15 @@ backend = Backend(
             crd=FIRMWARE_CRD,
             model=TenstorrentFirmwarePolicy,
             plan=firmware_plan.plan,
+            watches=(
+                Watch(
+                    name=firmware_plan.FLASHERS,
+                    group="",
+                    version="v1",
+                    plural="pods",
+                    labels={"app.kubernetes.io/name": FLASHER_APP},
+                ),
+            ),
             hooks=firmware_plan.hooks,
             rollout_status=firmware_plan.rollout_status,
             validate=partial(problems_of, TenstorrentFirmwarePolicy),

@@ -31,12 +31,17 @@ from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
 from kmodkit.backends.tenstorrent.status_common import (
+    IN_PROGRESS,
     Row,
     condition,
     count,
     node_entries,
     overlay_rollout,
+    paused_progressing,
+    paused_ready,
+    transition_events,
 )
+from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
     ClusterView,
     NodeView,
@@ -66,6 +71,14 @@ ROLLOUT_STATES: Mapping[State, str] = {
     State.FAILED: "Failed",
 }
 """Driver node state shown for each rollout state (``done`` is shown from the builder)."""
+OBSERVED_REASONS: Mapping[str, bool] = {
+    "BuilderImagePullFailed": True,
+    "BuilderCrashLoop": True,
+    "HostManagedKMD": False,
+    "Skipped": False,
+}
+"""Node reasons read from the node and its builder pod (not rollout moves), each with whether
+its Event is a warning."""
 
 
 @dataclass(frozen=True)
@@ -171,10 +184,12 @@ def _conditions(
         ready = ("True", "AllReady", f"{done}/{len(managed)} nodes have tt-kmd {ctx.spec.version}")
     elif failed:
         ready = ("False", "NodesFailed", f"{failed} node(s) failed; see status.nodes")
+    elif ctx.spec.paused:
+        ready = paused_ready(done, len(managed))
     else:
         ready = ("False", "Installing", f"{done}/{len(managed)} nodes ready")
     if ctx.spec.paused:
-        progressing = ("False", "Paused", "spec.paused is true; no further node starts")
+        progressing = paused_progressing(count(managed, *IN_PROGRESS))
     elif halted:
         progressing = ("False", "Halted", "a node failed and haltOnFailure is set")
     elif done + failed < len(managed):
@@ -193,7 +208,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     generation = meta.get("generation")
     previous = body.get("status") or {}
     try:
-        spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+        spec, unknown = parse_spec(TenstorrentDriverPolicySpec, body.get("spec") or {})
     except ValidationError as err:
         return invalid_spec_plan(err, view, previous, generation, now)
     settings = TenstorrentSettings.from_settings(view.settings)
@@ -233,12 +248,16 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         },
         "nodes": entries,
         "nodesOmitted": omitted,
-        "conditions": _conditions(rows, ctx, previous, generation, now),
+        "conditions": [
+            *_conditions(rows, ctx, previous, generation, now),
+            *ignored_condition(unknown, previous, generation, now),
+        ],
     }
     busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
     return Plan(
         objects=[ds, control_map(name, view.operator_namespace, spec.paused)] if create else [],
         status=status,
+        events=transition_events(rows, previous, OBSERVED_REASONS),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,
@@ -259,7 +278,7 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
     """The rollout's hooks for this pass, after this pass's builder restarts."""
     name = str((body.get("metadata") or {}).get("name", ""))
-    spec = TenstorrentDriverPolicySpec.model_validate(body.get("spec") or {})
+    spec, _ = parse_spec(TenstorrentDriverPolicySpec, body.get("spec") or {})
     settings = TenstorrentSettings.from_settings(view.settings)
     target = _target(spec, daemonset(name, view.operator_namespace, spec, settings))
     pods = pods_by_node(view.watched.get(BUILDERS, ()), name)

@@ -18,6 +18,7 @@ from kmodkit.backends.tenstorrent import names
 from kmodkit.backends.tenstorrent.drain_rules import firmware_policy
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget
+from kmodkit.backends.tenstorrent.flash_pods import image_pull_problems
 from kmodkit.backends.tenstorrent.keys import TT_FIRMWARE_SKIP_LABEL, TT_FW_VERSION_LABEL
 from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
@@ -28,7 +29,11 @@ from kmodkit.backends.tenstorrent.status_common import (
     count,
     node_entries,
     overlay_rollout,
+    paused_progressing,
+    paused_ready,
+    transition_events,
 )
+from kmodkit.backends.tenstorrent.unknown_fields import ignored_condition, parse_spec
 from kmodkit.sdk import (
     ClusterView,
     NodeView,
@@ -42,6 +47,8 @@ from kmodkit.sdk import (
 )
 
 REQUEUE_WHILE_ROLLING = 5.0
+FLASHERS = "flashers"
+"""The ``ClusterView.watched`` key of the flash pods."""
 
 ROLLOUT_STATES: Mapping[State, str] = {
     State.REQUIRED: "Pending",
@@ -67,6 +74,15 @@ _REASONS = {
     "Done": "FlashSucceeded",
     "Failed": "RolloutFailed",
 }
+
+
+OBSERVED_REASONS: Mapping[str, bool] = {
+    "FlasherImagePullFailed": True,
+    "Skipped": False,
+    "AutoUpgradeDisabled": False,
+}
+"""Node reasons read from the node and its flash pod (not rollout moves), each with whether
+its Event is a warning."""
 
 
 NO_FORCE_REQUEST = 0
@@ -95,7 +111,11 @@ def _target(name: str, spec: TenstorrentFirmwarePolicySpec, body: Obj) -> Firmwa
 
 
 def _row(
-    node: NodeView, spec: TenstorrentFirmwarePolicySpec, policy: str, keys: RolloutKeys
+    node: NodeView,
+    spec: TenstorrentFirmwarePolicySpec,
+    policy: str,
+    keys: RolloutKeys,
+    pull_problem: str = "",
 ) -> Row:
     current = node.labels.get(TT_FW_VERSION_LABEL, "")
     job = names.flash_job_name(policy, node.name, spec.version)
@@ -111,6 +131,12 @@ def _row(
     if rollout is not None:
         state = ROLLOUT_STATES[rollout]
         extra = {"lastFlashJob": job} if rollout in _FLASHED else {}
+        if state == "Flashing" and pull_problem:
+            message = (
+                f"kubelet: {pull_problem} (check the flasher image and the imagePullSecrets of "
+                "the flash pods' service account); the node fails at the flash deadline"
+            )
+            return Row(node.name, state, "FlasherImagePullFailed", message, current, extra, rollout)
         return Row(node.name, state, _REASONS[state], "", current, extra, rollout)
     if current == spec.readback():
         return Row(node.name, "Done", "FlashSucceeded", "", current)
@@ -137,6 +163,8 @@ def _conditions(
     busy = count(managed, "Pending", "Cordoning", "Draining", "Flashing", "Uncordoning")
     if failed:
         ready = ("False", "NodesFailed", f"{failed} node(s) failed")
+    elif busy and spec.paused:
+        ready = paused_ready(done, len(managed))
     elif busy:
         ready = ("False", "NodesPending", f"{done}/{len(managed)} up to date")
     else:
@@ -145,8 +173,8 @@ def _conditions(
     halted = spec.upgrade_policy.halt_on_failure and any(
         r.rollout_state is State.FAILED for r in managed
     )
-    if spec.paused and not in_flight:
-        progressing = ("False", "Paused", "spec.paused is true; no further node starts")
+    if spec.paused:
+        progressing = paused_progressing(in_flight)
     elif halted and not in_flight:
         progressing = ("False", "Halted", "a node failed and haltOnFailure is set")
     elif in_flight or (busy and spec.upgrade_policy.auto_upgrade and not spec.paused):
@@ -165,7 +193,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     generation = meta.get("generation")
     previous = body.get("status") or {}
     try:
-        spec = TenstorrentFirmwarePolicySpec.model_validate(body.get("spec") or {})
+        spec, unknown = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
     except ValidationError as err:
         return invalid_spec_plan(err, view, previous, generation, now)
     settings = TenstorrentSettings.from_settings(view.settings)
@@ -173,7 +201,8 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     keys = RolloutKeys.for_policy(policy_id)
     selector = spec.selector()
     covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
-    rows = [_row(n, spec, name, keys) for n in covered]
+    pulls = image_pull_problems(view.watched.get(FLASHERS, ()), name)
+    rows = [_row(n, spec, name, keys, pulls.get(n.name, "")) for n in covered]
     entries, omitted = node_entries(rows, previous, now)
     request = force_request(spec, body)
     status = {
@@ -189,12 +218,16 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         },
         "nodes": entries,
         "nodesOmitted": omitted,
-        "conditions": _conditions(rows, spec, previous, generation, now),
+        "conditions": [
+            *_conditions(rows, spec, previous, generation, now),
+            *ignored_condition(unknown, previous, generation, now),
+        ],
         "forceWriteRequest": NO_FORCE_REQUEST if request is None else request,
     }
     busy = any(r.state not in ("Done", "Skipped") for r in rows)
     return Plan(
         status=status,
+        events=transition_events(rows, previous, OBSERVED_REASONS),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,
@@ -213,7 +246,7 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 
 def hooks(body: Obj, view: ClusterView, api: Any) -> FirmwareHooks:
     name = str((body.get("metadata") or {}).get("name", ""))
-    spec = TenstorrentFirmwarePolicySpec.model_validate(body.get("spec") or {})
+    spec, _ = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
     return FirmwareHooks(
         api,
         body,

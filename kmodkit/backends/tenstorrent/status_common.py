@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from kmodkit.backends.tenstorrent.api_common import MAX_STATUS_NODES
-from kmodkit.sdk import RolloutStatus, State
+from kmodkit.sdk import NodeEvent, RolloutStatus, State
 
 IN_PROGRESS = frozenset({"Cordoning", "Draining", "Upgrading", "Flashing", "Uncordoning"})
 _RANK = {"Failed": 0, **dict.fromkeys(IN_PROGRESS, 1), "Pending": 2}
@@ -61,6 +61,29 @@ def node_entries(
     return entries, max(0, len(ordered) - MAX_STATUS_NODES)
 
 
+def transition_events(
+    rows: Sequence[Row], previous_status: Mapping[str, Any], observed: Mapping[str, bool]
+) -> list[NodeEvent]:
+    """An Event for each listed node whose (state, reason) changed to one of the ``observed``
+    reasons (those the plan sees on the node or its pods, each with whether it is a
+    warning). The rollout posts its own moves.
+
+    Only nodes the previous status listed are compared, so the unlisted rest of a large
+    fleet (done nodes beyond the first 100) cannot look new on every pass.
+    """
+    before = {str(e.get("name")): e for e in previous_status.get("nodes") or []}
+    events = []
+    for row in rows:
+        old = before.get(row.name)
+        if row.reason not in observed or old is None:
+            continue
+        if (old.get("state"), old.get("reason")) == (row.state, row.reason):
+            continue
+        message = f"{row.state}: {row.message}" if row.message else row.state
+        events.append(NodeEvent(row.name, row.reason, message, warning=observed[row.reason]))
+    return events
+
+
 def condition(
     previous_status: Mapping[str, Any],
     kind: str,
@@ -89,6 +112,22 @@ def condition(
 
 def count(rows: Iterable[Row], *states: str) -> int:
     return sum(1 for r in rows if r.state in states)
+
+
+def paused_ready(done: int, total: int) -> tuple[str, str, str]:
+    """Ready while paused with nodes still to do (a failure is reported instead)."""
+    return ("False", "Paused", f"{done}/{total} nodes up to date; spec.paused is true")
+
+
+def paused_progressing(in_flight: int) -> tuple[str, str, str]:
+    """Progressing while paused: nodes already in flight still finish."""
+    if in_flight:
+        return (
+            "True",
+            "Paused",
+            f"spec.paused is true; {in_flight} node(s) in flight finish, no further node starts",
+        )
+    return ("False", "Paused", "spec.paused is true; no further node starts")
 
 
 def overlay_rollout(

@@ -104,6 +104,17 @@ class RolloutControls:
 
 
 @dataclass(frozen=True)
+class NodeEvent:
+    """Something that happened to one node, posted on the node and on the object."""
+
+    node: str
+    reason: str
+    """A CamelCase code, as the node's status entry has it."""
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
 class Plan:
     objects: Sequence[Obj] = ()
     """Complete manifests of every object to own; the runtime adds the owner link."""
@@ -111,6 +122,8 @@ class Plan:
     requeue_after: float | None = None
     """Seconds until the plan should run again even if nothing changes."""
     rollout: RolloutRequest | None = None
+    events: Sequence[NodeEvent] = ()
+    """Node transitions the plan saw and a rollout does not report (it posts its own)."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,12 @@ NODES = Gauge(
     "Nodes a policy covers, by state (a Module's node phase, or a rollout state).",
     ["controller", "policy", "state"],
 )
+POLICY_NODES = Gauge(
+    "kmodkit_policy_nodes",
+    "A policy's node counts as its status.summary has them (matched, upToDate, inProgress, "
+    "failed, pending, ...), by count.",
+    ["controller", "policy", "count"],
+)
 TRANSITIONS = Counter(
     "kmodkit_rollout_transitions",
     "Rollout transitions into each state (done and failed are the outcomes of a node's "
@@ -96,6 +102,7 @@ _POLICY_GAUGES = (LAST_SUCCESS, DEGRADED_POLICY, LAST_TRANSITION, PAUSED)
 
 _lock = threading.Lock()
 _states: dict[tuple[str, str], set[str]] = {}
+_summaries: dict[tuple[str, str], set[str]] = {}
 _counted_jobs: set[str] = set()
 _started = time.time()
 
@@ -184,11 +191,29 @@ def node_states(controller: str, policy: str, counts: Mapping[str, int]) -> None
         _states[(controller, policy)] = set(counts)
 
 
+def summary(controller: str, policy: str, status: Mapping[str, Any]) -> None:
+    """Set the counts of the status about to be written (``status.summary``'s integers);
+    counts no longer there are dropped."""
+    counts = {
+        name: n
+        for name, n in (status.get("summary") or {}).items()
+        if isinstance(n, int) and not isinstance(n, bool)
+    }
+    with _lock:
+        for name in _summaries.get((controller, policy), set()) - set(counts):
+            POLICY_NODES.remove(controller, policy, name)
+        for name, n in counts.items():
+            POLICY_NODES.labels(controller, policy, name).set(n)
+        _summaries[(controller, policy)] = set(counts)
+
+
 def forget(controller: str, policy: str) -> None:
     """Drop a deleted policy's series."""
     node_states(controller, policy, {})
+    summary(controller, policy, {})
     with _lock:
         _states.pop((controller, policy), None)
+        _summaries.pop((controller, policy), None)
     for gauge in _POLICY_GAUGES:
         with contextlib.suppress(KeyError):  # never set here (a Module has no rollout)
             gauge.remove(controller, policy)

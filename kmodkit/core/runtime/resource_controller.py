@@ -21,7 +21,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from kmodkit.core import labels
 from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource
 from kmodkit.core.contract.hooks import Obj
-from kmodkit.core.events import CONDITION_REPEAT_SECONDS
+from kmodkit.core.events import CONDITION_REPEAT_SECONDS, node_reference
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
@@ -218,7 +218,11 @@ class ResourceController:
         if plan.rollout is not None:
             status = self._rollout(body, plan, view, status)
         metrics.degraded(self._id, _policy_name(body), status)
+        metrics.summary(self._id, _policy_name(body), status)
         self._write_status(body, status)
+        # After the write: the transitions are judged against the status written, so a
+        # write that failed has them posted by the pass that writes them.
+        self._post_events(body, plan)
         if failed:
             return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
         return plan.requeue_after
@@ -284,6 +288,23 @@ class ResourceController:
                     repeat_after=CONDITION_REPEAT_SECONDS,
                 )
         return failed
+
+    def _post_events(self, owner: Obj, plan: Plan) -> None:
+        """One Event per node transition, on the node and on the owner (folded by the
+        recorder when many nodes move at once)."""
+        meta = owner.get("metadata") or {}
+        ref = {
+            "apiVersion": owner.get("apiVersion"),
+            "kind": owner.get("kind"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "namespace": meta.get("namespace"),
+        }
+        for ev in plan.events:
+            node = self.shared.raw_nodes.get(ev.node)
+            message = f"node {ev.node}: {ev.message}" if ev.message else f"node {ev.node}"
+            for involved in [*([node_reference(node)] if node else []), ref]:
+                self.shared.kube.events.post(involved, ev.reason, message, warning=ev.warning)
 
     def _prune(self, plan: Plan, owned: Sequence[Obj]) -> None:
         wanted = {_identity(o) for o in plan.objects}

@@ -121,3 +121,19 @@ def test_build_outcomes_are_series_before_any_build_finishes() -> None:
     for outcome in ("succeeded", "failed"):
         labels = {"component": "module-build", "outcome": outcome}
         assert _value("kmodkit_jobs_finished_total", **labels) is not None
+
+
+def test_a_policys_status_summary_is_a_gauge_per_count_and_goes_with_it() -> None:
+    policy = {"controller": "unit.tt", "policy": "default"}
+    status = {"summary": {"matched": 10000, "upToDate": 9990, "failed": 1, "inProgress": 1}}
+    metrics.summary("unit.tt", "default", status)
+    assert _value("kmodkit_policy_nodes", **policy, count="matched") == 10000
+    assert _value("kmodkit_policy_nodes", **policy, count="upToDate") == 9990
+    metrics.summary("unit.tt", "default", {"summary": {"matched": 10000, "upToDate": 10000}})
+    assert _value("kmodkit_policy_nodes", **policy, count="upToDate") == 10000
+    assert _value("kmodkit_policy_nodes", **policy, count="failed") is None
+    metrics.summary("unit.tt", "default", {"summary": {"matched": 3, "phase": "x", "ok": True}})
+    assert _value("kmodkit_policy_nodes", **policy, count="phase") is None
+    assert _value("kmodkit_policy_nodes", **policy, count="ok") is None
+    metrics.forget("unit.tt", "default")
+    assert _value("kmodkit_policy_nodes", **policy, count="matched") is None
