@@ -430,9 +430,9 @@ def _pull_secret(run: Run, world: w.World, front: Any, password: str = "") -> No
 def _keep_busy(run: Run, world: w.World) -> None:
     """A rollout that has finished gets its next target, so kills land on work."""
     core = run.core
-    skip = [world.external_cordon, world.goes_down]
+    up = [n for n in world.driver_nodes if n != world.goes_down]
     if len(run.targets["driver"]) < len(DRIVER_VERSIONS) - 1 and w.rollout_done(
-        core, world.driver_keys, world.driver_nodes, skip=skip
+        core, world.driver_keys, up, held=[world.external_cordon]
     ):
         _bump(run, world, "driver")
     if len(run.targets["firmware"]) < len(FIRMWARE_VERSIONS) - 1 and w.rollout_done(
