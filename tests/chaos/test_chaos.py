@@ -51,6 +51,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kmodkit.core.runtime.operator import PEER_LIFETIME_SECONDS
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev import tenstorrent_demo as demo
@@ -461,6 +462,14 @@ def _high_availability(
         took = _first_write_after(faults, killed_at, replicas[active])
         run.takeovers.append(took.at - killed_at)
         run.log(f"replica {took.replica} took over after {took.at - killed_at:.1f}s")
+    # A rolling update: the standby is replaced while the active one works. The new
+    # replica must wait; taking over at once would leave both writing for a while.
+    standby = 1 - _active(faults, since=time.monotonic() - 60)
+    if replicas[standby].kill("standby"):
+        run.kills["ha-standby"] += 1
+        run.log(f"killed the standby replica {standby}")
+        replicas[standby].restart()
+        time.sleep(PEER_LIFETIME_SECONDS / 2)
 
 
 def _first_write_after(faults: ApiFaults, at: float, killed: Replica) -> Write:
