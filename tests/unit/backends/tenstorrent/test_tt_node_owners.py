@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kmodkit.backends.tenstorrent import firmware_plan
+from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicyStatus
 from kmodkit.backends.tenstorrent.node_owners import Claim, owners
 from kmodkit.backends.tenstorrent.selection import NodeLabelSelector
 from kmodkit.core.contract.backend import ClusterView
@@ -68,6 +69,7 @@ def test_the_younger_firmware_policy_reports_node_conflict_and_flashes_nothing()
     entry = loser.status["nodes"][0]
     assert (entry["state"], entry["reason"]) == ("Conflict", "NodeConflict")
     assert "older" in entry["message"]
+    TenstorrentFirmwarePolicyStatus.model_validate(loser.status)  # the CRD admits the state
     assert loser.requeue_after is None
     # The entry's change to NodeConflict is posted as a warning Event on the node.
     before = {"nodes": [{"name": "shared", "state": "Pending", "reason": "UpgradeRequired"}]}
