@@ -474,3 +474,49 @@ def test_a_policy_made_again_never_cuts_its_predecessors_flash(
     finally:
         delete_policy(kube_api, FIRMWARE, policy)
         delete_nodes(kube_api, [node])
+
+
+def test_two_policies_over_one_node_flash_it_once_and_the_younger_reports_node_conflict(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, str]
+) -> None:
+    """Two firmware policies cover one node: the older flashes it once, the younger reports
+    NodeConflict and flashes nothing (no flash loop); deleting the older hands the node over."""
+    namespace, tag = env
+    node = f"ttf-{tag}-both"
+    older, younger = f"fwa-{tag}", f"fwb-{tag}"
+    add_fleet(dev_cluster, kube_api, [node], {"ttf-test": f"{tag}-both"})
+    core = client.CoreV1Api(kube_api)
+    try:
+        create_policy(kube_api, FIRMWARE, _policy(older, f"{tag}-both"))
+        time.sleep(1.1)  # creationTimestamp has a resolution of one second
+        create_policy(kube_api, FIRMWARE, _policy(younger, f"{tag}-both", version="19.8.0"))
+        wait_until(
+            lambda: _states(kube_api, older).get(node) == ("Done", "FlashSucceeded"),
+            "the older policy flashed the node",
+            timeout=120,
+        )
+        wait_until(
+            lambda: _states(kube_api, younger).get(node) == ("Conflict", "NodeConflict"),
+            "the younger policy reports the conflict",
+        )
+        entry = next(n for n in status(kube_api, FIRMWARE, younger)["nodes"] if n["name"] == node)
+        assert older in entry["message"]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert not _jobs(kube_api, namespace, younger), "the younger policy flashed the node"
+            assert len(_jobs(kube_api, namespace, older)) == 1, "the node was flashed again"
+            time.sleep(1)
+        assert core.read_node(node).metadata.annotations[CURRENT] == "19.9.0.0"
+
+        delete_policy(kube_api, FIRMWARE, older)
+        wait_until(
+            lambda: _states(kube_api, younger).get(node) == ("Done", "FlashSucceeded"),
+            "the younger policy took the node over",
+            timeout=120,
+        )
+        assert len(_jobs(kube_api, namespace, younger)) == 1
+        assert core.read_node(node).metadata.annotations[CURRENT] == "19.8.0.0"
+    finally:
+        delete_policy(kube_api, FIRMWARE, older)
+        delete_policy(kube_api, FIRMWARE, younger)
+        delete_nodes(kube_api, [node])

@@ -63,6 +63,12 @@ backend = Backend(
                     plural="pods",
                     labels={"app.kubernetes.io/name": FLASHER_APP},
                 ),
+                Watch(
+                    name=firmware_plan.POLICIES,
+                    group=FIRMWARE_CRD.group,
+                    version=FIRMWARE_CRD.version,
+                    plural=FIRMWARE_CRD.plural,
+                ),
             ),
             hooks=firmware_plan.hooks,
             rollout_status=firmware_plan.rollout_status,

@@ -50,6 +50,7 @@ FirmwareNodeState = Literal[
     "Done",
     "Failed",
     "Skipped",
+    "Conflict",
 ]
 
 

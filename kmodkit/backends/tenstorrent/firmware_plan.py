@@ -20,7 +20,14 @@ from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicyS
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget
 from kmodkit.backends.tenstorrent.flash_pods import image_pull_problems
 from kmodkit.backends.tenstorrent.keys import TT_FIRMWARE_SKIP_LABEL, TT_FW_VERSION_LABEL
-from kmodkit.backends.tenstorrent.selection import covers
+from kmodkit.backends.tenstorrent.node_owners import (
+    CONFLICT_REASON,
+    CONFLICT_STATE,
+    claims,
+    conflict_message,
+    owners,
+)
+from kmodkit.backends.tenstorrent.selection import NodeLabelSelector, covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
 from kmodkit.backends.tenstorrent.status_common import (
@@ -49,6 +56,8 @@ from kmodkit.sdk import (
 REQUEUE_WHILE_ROLLING = 5.0
 FLASHERS = "flashers"
 """The ``ClusterView.watched`` key of the flash pods."""
+POLICIES = "firmwarepolicies"
+"""The ``ClusterView.watched`` key of all firmware policies (who owns a shared node)."""
 
 ROLLOUT_STATES: Mapping[State, str] = {
     State.REQUIRED: "Pending",
@@ -80,6 +89,7 @@ OBSERVED_REASONS: Mapping[str, bool] = {
     "FlasherImagePullFailed": True,
     "Skipped": False,
     "AutoUpgradeDisabled": False,
+    CONFLICT_REASON: True,
 }
 """Node reasons read from the node and its flash pod (not rollout moves), each with whether
 its Event is a warning."""
@@ -158,7 +168,7 @@ def _conditions(
     generation: int | None,
     now: datetime,
 ) -> list[dict[str, Any]]:
-    managed = [r for r in rows if r.state != "Skipped"]
+    managed = [r for r in rows if r.state not in ("Skipped", CONFLICT_STATE)]
     done, failed = count(managed, "Done"), count(managed, "Failed")
     busy = count(managed, "Pending", "Cordoning", "Draining", "Flashing", "Uncordoning")
     if failed:
@@ -187,6 +197,34 @@ def _conditions(
     ]
 
 
+def _selector_of(body: Obj) -> NodeLabelSelector | None:
+    try:
+        spec, _ = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
+    except ValidationError:
+        return None  # an invalid policy is refused and claims no node
+    return spec.selector()
+
+
+def node_owners(body: Obj, view: ClusterView, require_pci: bool) -> Mapping[str, str]:
+    """The owner of each node any firmware policy covers; this policy's own body counts
+    even before the watch has seen it."""
+    name = (body.get("metadata") or {}).get("name")
+    others = [
+        p for p in view.watched.get(POLICIES, ()) if (p.get("metadata") or {}).get("name") != name
+    ]
+    return owners(claims([*others, body], _selector_of), view.nodes, require_pci)
+
+
+def _conflict_row(node: NodeView, winner: str) -> Row:
+    return Row(
+        node.name,
+        CONFLICT_STATE,
+        CONFLICT_REASON,
+        conflict_message(winner, "firmware policy"),
+        node.labels.get(TT_FW_VERSION_LABEL, ""),
+    )
+
+
 def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     meta = body.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -200,9 +238,16 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     policy_id = names.firmware_policy_id(name)
     keys = RolloutKeys.for_policy(policy_id)
     selector = spec.selector()
-    covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+    matched = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+    owner = node_owners(body, view, settings.require_pci_label)
+    covered = [n for n in matched if owner.get(n.name) == name]
     pulls = image_pull_problems(view.watched.get(FLASHERS, ()), name)
-    rows = [_row(n, spec, name, keys, pulls.get(n.name, "")) for n in covered]
+    rows = [
+        _row(n, spec, name, keys, pulls.get(n.name, ""))
+        if owner.get(n.name) == name
+        else _conflict_row(n, owner.get(n.name, ""))
+        for n in matched
+    ]
     entries, omitted = node_entries(rows, previous, now)
     request = force_request(spec, body)
     status = {
@@ -224,7 +269,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         ],
         "forceWriteRequest": NO_FORCE_REQUEST if request is None else request,
     }
-    busy = any(r.state not in ("Done", "Skipped") for r in rows)
+    busy = any(r.state not in ("Done", "Skipped", CONFLICT_STATE) for r in rows)
     return Plan(
         status=status,
         events=transition_events(rows, previous, OBSERVED_REASONS),
