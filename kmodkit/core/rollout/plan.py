@@ -89,8 +89,6 @@ EXTERNAL_CORDON = Hold(
 )
 
 
-
-
 def node_busy(holder: str) -> Hold:
     return Hold(
         "NodeBusy",

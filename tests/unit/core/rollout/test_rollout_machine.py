@@ -540,7 +540,9 @@ class SharedNodesMachine(RuleBasedStateMachine):
         in_flight = {s.value for s in IN_FLIGHT}
         return [r for r, keys in ROLLOUTS.items() if node_labels.get(keys.state) in in_flight]
 
-    @rule(rollout=st.sampled_from(sorted(ROLLOUTS)), kill_at=st.one_of(st.none(), st.integers(0, 4)))
+    @rule(
+        rollout=st.sampled_from(sorted(ROLLOUTS)), kill_at=st.one_of(st.none(), st.integers(0, 4))
+    )
     def operator_pass(self, rollout: str, kill_at: int | None) -> None:
         self._pass(rollout, self._views(rollout), kill_at)
 
