@@ -568,6 +568,16 @@ class SharedNodesMachine(RuleBasedStateMachine):
             if not moved:
                 break
             self.now += 30
+        failed_value = State.FAILED.value
+        halted = {
+            r
+            for r, keys in ROLLOUTS.items()
+            if self.policies[r].halt_on_failure
+            and any(
+                raw["metadata"]["labels"].get(keys.state) == failed_value
+                for raw in self.raw.values()
+            )
+        }
         for name, raw in self.raw.items():
             meta = raw["metadata"]
             states = {r: meta["labels"].get(k.state) for r, k in ROLLOUTS.items()}
@@ -580,6 +590,8 @@ class SharedNodesMachine(RuleBasedStateMachine):
                 assert not self._in_flight(name), states
                 continue
             for rollout in ROLLOUTS:
+                if rollout in halted and states[rollout] == State.REQUIRED.value:
+                    continue  # halted by its failure elsewhere, as haltOnFailure says
                 assert self.versions[(name, rollout)] == FIRST, f"{name}: {rollout} never ran"
                 assert states[rollout] in (None, State.DONE.value), states
             assert HOLDER_ANNOTATION not in meta["annotations"], f"{name}: claim left behind"
