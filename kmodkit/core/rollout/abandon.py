@@ -16,7 +16,7 @@ from kubernetes import client
 
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.rollout.apply import patch_node
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import record_from
 
 
@@ -25,7 +25,12 @@ def abandon_patch(node: Obj, keys: RolloutKeys) -> dict[str, Any] | None:
     meta = node.get("metadata") or {}
     node_labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    if keys.state not in node_labels and not any(k in annotations for k in keys.annotations()):
+    holds = annotations.get(HOLDER_ANNOTATION) == keys.holder_id
+    if (
+        keys.state not in node_labels
+        and not holds
+        and not any(k in annotations for k in keys.annotations())
+    ):
         return None
     record = record_from(annotations, keys)
     label_patch: dict[str, str | None] = {keys.state: None}
@@ -37,6 +42,9 @@ def abandon_patch(node: Obj, keys: RolloutKeys) -> dict[str, Any] | None:
             "annotations": dict.fromkeys(keys.annotations()),
         }
     }
+    if holds:
+        # Left behind, the claim would keep every other rollout off the node for good.
+        body["metadata"]["annotations"][HOLDER_ANNOTATION] = None
     if record.cordon == "rollout":
         body["spec"] = {"unschedulable": None}
     return body

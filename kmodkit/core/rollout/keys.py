@@ -47,6 +47,11 @@ ROLLOUT_SUFFIXES = (
     ROLLOUT_MESSAGE_SUFFIX,
 )
 
+HOLDER_ANNOTATION = f"{ROLLOUT_PREFIX}/holder"
+"""Annotation, shared by every policy. Value: the id of the one policy whose rollout
+is changing the node. A node is disruptive work for one rollout at a time: a driver
+drain would evict a flash Job, a driver reload would kill a flash under way."""
+
 _SCOPE_OK = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _NOT_KEY_CHAR = re.compile(r"[^-a-z0-9.]+")
 _HASH_LEN = 10
@@ -75,6 +80,8 @@ class RolloutKeys:
     gates: str
     reason: str
     message: str
+    holder_id: str
+    """This policy's value in the node's holder annotation."""
 
     @classmethod
     def for_policy(cls, policy_id: str) -> RolloutKeys:
@@ -88,6 +95,7 @@ class RolloutKeys:
             gates=base + ROLLOUT_GATES_SUFFIX,
             reason=base + ROLLOUT_REASON_SUFFIX,
             message=base + ROLLOUT_MESSAGE_SUFFIX,
+            holder_id=policy_id,
         )
 
     def annotations(self) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kmodkit.core.contract.hooks import Obj, Validation
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.states import State, parse_state
 
 CordonOwner = Literal["rollout", "external"]
@@ -77,6 +77,8 @@ class NodeView:
     """The backend's verdict; asked only for nodes in ``validating``."""
     uid: str = ""
     resource_version: str = ""
+    holder: str | None = None
+    """The policy whose rollout has claimed the node (any policy's, not only this one's)."""
 
     @property
     def available(self) -> bool:
@@ -153,10 +155,11 @@ def node_view_from(
 ) -> NodeView:
     meta = _metadata(node)
     node_labels: Mapping[str, str] = meta.get("labels") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
     return NodeView(
         name=str(meta.get("name", "")),
         state=parse_state(node_labels.get(keys.state)),
-        record=record_from(meta.get("annotations") or {}, keys),
+        record=record_from(annotations, keys),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable", False)),
         ready=is_ready(node),
         skipped=skip_label is not None and node_labels.get(skip_label) == "true",
@@ -166,6 +169,7 @@ def node_view_from(
         validation=validation,
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
+        holder=annotations.get(HOLDER_ANNOTATION) or None,
     )
 
 

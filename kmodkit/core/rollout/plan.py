@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kmodkit.core.contract.hooks import Failed, Pending, Validated
 from kmodkit.core.contract.policy import UpgradePolicy
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, PodView, encode_gates
 from kmodkit.core.rollout.states import IN_FLIGHT, State
 
@@ -89,6 +89,14 @@ EXTERNAL_CORDON = Hold(
 )
 
 
+def node_busy(holder: str) -> Hold:
+    return Hold(
+        "NodeBusy",
+        f"another rollout ({holder}) is changing this node; this one starts it "
+        "once that rollout has released it",
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...]
@@ -139,10 +147,31 @@ def _move(
         keys.message: message or None,
     }
     ann.update(annotations or {})
+    ann.update(_claim(view, ctx, to))
     lab: dict[str, str | None] = {keys.state: None if to is None else to.value}
     lab.update(labels or {})
     patch = NodePatch(labels=lab, annotations=ann, unschedulable=unschedulable)
     return Step(view.name, view.state, to, reason, message, patch, swap=swap)
+
+
+def _cordoned_by_rollout(view: NodeView) -> bool:
+    return view.unschedulable and view.record.cordon == "rollout"
+
+
+def _claim(view: NodeView, ctx: Context, to: State | None) -> dict[str, str | None]:
+    """The holder change riding on a move: the claim is taken by the patch that starts
+    the node and dropped by the one that ends it, so a claim never outlives its state
+    or precedes it. A failed node keeps it while this rollout's cordon stays, since
+    the node may be half-changed; another policy's claim is never touched."""
+    me = ctx.keys.holder_id
+    if view.holder not in (None, me):
+        return {}
+    keep = to in IN_FLIGHT or (to is State.FAILED and _cordoned_by_rollout(view))
+    if keep and view.holder is None:
+        return {HOLDER_ANNOTATION: me}
+    if not keep and view.holder == me:
+        return {HOLDER_ANNOTATION: None}
+    return {}
 
 
 _ORDER = (
@@ -204,17 +233,20 @@ def _back_out(view: NodeView, ctx: Context) -> Step | None:
     return _move(view, ctx, None) if view.state is not None else None
 
 
-def hold_of(view: NodeView, policy: UpgradePolicy) -> Hold | None:
+def hold_of(view: NodeView, policy: UpgradePolicy, holder_id: str = "") -> Hold | None:
     """Why the rollout may not start this node now, if it may not.
 
     A node that is down cannot be drained or checked: started, it would hold a
     slot until its timeout fails it (and, with ``haltOnFailure``, the rollout).
     A cordon the rollout did not make is someone's decision about the node
     (maintenance, repair, another rollout); it is honoured unless the policy
-    says to upgrade such nodes.
+    says to upgrade such nodes. A node claimed by another policy's rollout is that
+    rollout's until it releases it, whatever this policy allows.
     """
     if not view.ready:
         return NOT_READY
+    if view.holder is not None and view.holder != holder_id:
+        return node_busy(view.holder)
     if view.cordoned_by_others and not policy.upgrade_cordoned_nodes:
         return EXTERNAL_CORDON
     return None
@@ -223,7 +255,7 @@ def hold_of(view: NodeView, policy: UpgradePolicy) -> Hold | None:
 def _cordon(view: NodeView, ctx: Context) -> Step:
     # Started but not touched yet: a node that has gone down, or that someone else
     # has cordoned, since its start goes back to wait instead of being taken over.
-    hold = hold_of(view, ctx.policy)
+    hold = hold_of(view, ctx.policy, ctx.keys.holder_id)
     if hold is not None:
         return _move(view, ctx, State.REQUIRED, reason=hold.reason, message=hold.message)
     following = _next_after(State.CORDONING, ctx.policy)
@@ -445,7 +477,7 @@ def _advance(view: NodeView, ctx: Context) -> Step | None:
         return _move(view, ctx, State.REQUIRED) if view.needs_update else None
     if state is State.FAILED:
         if view.record.target == ctx.target:
-            return None
+            return _release_failed(view, ctx)
         return _move(
             view,
             ctx,
@@ -470,6 +502,15 @@ def _advance(view: NodeView, ctx: Context) -> Step | None:
     return handler(view, ctx) if handler else None
 
 
+def _release_failed(view: NodeView, ctx: Context) -> Step | None:
+    """Once an admin uncordons a failed node, other rollouts may have it; the failure
+    itself (state, reason, message) stays for the admin to read."""
+    if view.holder != ctx.keys.holder_id or _cordoned_by_rollout(view):
+        return None
+    patch = NodePatch(annotations={HOLDER_ANNOTATION: None})
+    return Step(view.name, view.state, view.state, view.record.reason, view.record.message, patch)
+
+
 def _through_with(view: NodeView, ctx: Context) -> bool:
     """The rollout has finished with this node, and this pass does not take it back."""
     if view.state is State.DONE:
@@ -477,9 +518,14 @@ def _through_with(view: NodeView, ctx: Context) -> bool:
     return view.state is State.FAILED and view.record.target == ctx.target
 
 
+def _held_by_other(view: NodeView, ctx: Context) -> bool:
+    return view.holder is not None and view.holder != ctx.keys.holder_id
+
+
 def budget_of(views: Iterable[NodeView], ctx: Context) -> Budget:
     """In flight, and unavailable: in flight, or cordoned or NotReady for any reason,
-    except on a node the rollout is through with. A node left cordoned by its admin
+    except on a node the rollout is through with or another rollout holds (that
+    rollout counts it against its own budget). A node left cordoned by its admin
     after its upgrade, or kept cordoned because it failed (which halts the rollout
     when ``haltOnFailure`` says so), would otherwise hold a slot forever."""
     views = list(views)
@@ -490,7 +536,8 @@ def budget_of(views: Iterable[NodeView], ctx: Context) -> Budget:
         unavailable=sum(
             1
             for v in views
-            if v.state in IN_FLIGHT or (not v.available and not _through_with(v, ctx))
+            if v.state in IN_FLIGHT
+            or (not v.available and not _through_with(v, ctx) and not _held_by_other(v, ctx))
         ),
     )
 
@@ -503,7 +550,7 @@ def _held(views: Iterable[NodeView], ctx: Context) -> dict[str, Hold]:
     held = {}
     for view in views:
         if view.state is State.REQUIRED and view.needs_update and not view.skipped:
-            hold = hold_of(view, ctx.policy)
+            hold = hold_of(view, ctx.policy, ctx.keys.holder_id)
             if hold is not None:
                 held[view.name] = hold
     return held

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kmodkit.core.rollout.abandon import abandon_patch
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import encode_gates
 
 KEYS = RolloutKeys.for_policy("ttdp/fleet")
@@ -45,3 +45,19 @@ def test_an_admins_cordon_and_previous_gate_values_are_kept() -> None:
 
 def test_a_node_the_rollout_never_touched_needs_no_write() -> None:
     assert abandon_patch(node({"other": "x"}, {}, False), KEYS) is None
+
+
+def test_abandoning_releases_this_policys_claim_and_never_anothers() -> None:
+    mine = {"metadata": {"labels": {}, "annotations": {HOLDER_ANNOTATION: KEYS.holder_id}}}
+    body = abandon_patch(mine, KEYS)
+    assert body is not None
+    assert body["metadata"]["annotations"][HOLDER_ANNOTATION] is None
+    theirs = {
+        "metadata": {
+            "labels": {KEYS.state: "required"},
+            "annotations": {HOLDER_ANNOTATION: "other"},
+        }
+    }
+    body = abandon_patch(theirs, KEYS)
+    assert body is not None
+    assert HOLDER_ANNOTATION not in body["metadata"]["annotations"]

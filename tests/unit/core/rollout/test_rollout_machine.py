@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 from kmodkit.core.contract.hooks import Failed, Pending, Validated, Validation
 from kmodkit.core.contract.policy import UpgradePolicy
 from kmodkit.core.rollout.apply import patch_body
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, PodView, node_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
 from kmodkit.core.rollout.states import BEFORE_SWAP, IN_FLIGHT, NEEDS_PODS, State
@@ -439,3 +439,169 @@ RolloutMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_rollout_machine = pytest.mark.timeout(120)(RolloutMachine.TestCase)
+
+
+# Two rollouts over the same nodes (a driver and a firmware policy, say), each run by
+# two operator replicas that may plan from the same snapshot and race their writes.
+
+ROLLOUTS = {
+    "driver": RolloutKeys.for_policy("machine-driver"),
+    "firmware": RolloutKeys.for_policy("machine-firmware"),
+}
+two_policies = st.builds(
+    UpgradePolicy,
+    max_parallel=st.integers(1, 3),
+    max_unavailable=st.integers(1, 3),
+    drain=st.sampled_from([{}, {"enable": True, "timeoutSeconds": 120}]),
+)
+
+
+class SharedNodesMachine(RuleBasedStateMachine):
+    """Safety, at every write: no node is ever in flight for both rollouts, and a
+    node in flight for one carries that rollout's claim. Liveness: once passes run
+    uninterrupted, both rollouts finish every node and no claim or cordon is left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: dict[str, dict[str, Any]] = {}
+        self.versions: dict[tuple[str, str], str] = {}
+        self.policies: dict[str, UpgradePolicy] = {}
+        self.now = 1_000_000.0
+        self.snapshots: dict[str, list[NodeView]] = {}
+        """A replica's views, planned later: a second replica racing the first."""
+
+    @initialize(driver=two_policies, firmware=two_policies, count=st.integers(2, 5))
+    def fleet(self, driver: UpgradePolicy, firmware: UpgradePolicy, count: int) -> None:
+        self.policies = {"driver": driver, "firmware": firmware}
+        for i in range(count):
+            self.raw[f"n{i}"] = {
+                "metadata": {
+                    "name": f"n{i}",
+                    "uid": f"u{i}",
+                    "resourceVersion": "1",
+                    "labels": {},
+                    "annotations": {},
+                },
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for rollout in ROLLOUTS:
+                self.versions[(f"n{i}", rollout)] = OLD
+
+    def _views(self, rollout: str) -> list[NodeView]:
+        keys = ROLLOUTS[rollout]
+        views = []
+        for name, raw in self.raw.items():
+            state = raw["metadata"]["labels"].get(keys.state)
+            views.append(
+                node_view_from(
+                    raw,
+                    keys,
+                    (),
+                    skip_label=None,
+                    needs_update=self.versions[(name, rollout)] != FIRST,
+                    pods=() if state in {s.value for s in NEEDS_PODS} else None,
+                    validation=Validated() if state == State.VALIDATING.value else None,
+                )
+            )
+        return views
+
+    def _pass(self, rollout: str, views: list[NodeView], kill_at: int | None = None) -> int:
+        keys = ROLLOUTS[rollout]
+        p = plan(views, Context(self.policies[rollout], keys, FIRST, self.now))
+        by_name = {v.name: v for v in views}
+        ordered = [s for s in p.steps if not _is_start(s)] + [s for s in p.steps if _is_start(s)]
+        for i, step in enumerate(ordered):
+            if i == kill_at:
+                break
+            self._write(rollout, step, by_name[step.node])
+        return len(p.steps)
+
+    def _write(self, rollout: str, step: Step, view: NodeView) -> None:
+        raw = self.raw[step.node]
+        if step.patch is None:
+            return
+        if step.swap:
+            assert self._in_flight(step.node) == [rollout], f"{step.node}: swapped while shared"
+            self.versions[(step.node, rollout)] = FIRST
+        if raw["metadata"]["resourceVersion"] != view.resource_version:
+            return  # refused by the resourceVersion precondition
+        _merge(raw, patch_body(step.patch, None))
+        meta = raw["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        in_flight = self._in_flight(step.node)
+        assert len(in_flight) <= 1, f"{step.node}: in flight for {in_flight}"
+        holder = meta["annotations"].get(HOLDER_ANNOTATION)
+        for name in in_flight:
+            assert holder == ROLLOUTS[name].holder_id, f"{step.node}: {name} without its claim"
+
+    def _in_flight(self, node: str) -> list[str]:
+        node_labels = self.raw[node]["metadata"]["labels"]
+        in_flight = {s.value for s in IN_FLIGHT}
+        return [r for r, keys in ROLLOUTS.items() if node_labels.get(keys.state) in in_flight]
+
+    @rule(
+        rollout=st.sampled_from(sorted(ROLLOUTS)), kill_at=st.one_of(st.none(), st.integers(0, 4))
+    )
+    def operator_pass(self, rollout: str, kill_at: int | None) -> None:
+        self._pass(rollout, self._views(rollout), kill_at)
+
+    @rule(rollout=st.sampled_from(sorted(ROLLOUTS)))
+    def replica_observes(self, rollout: str) -> None:
+        self.snapshots[rollout] = self._views(rollout)
+
+    @precondition(lambda self: bool(self.snapshots))
+    @rule(data=st.data())
+    def replica_plans_from_its_older_snapshot(self, data: st.DataObject) -> None:
+        rollout = data.draw(st.sampled_from(sorted(self.snapshots)))
+        self._pass(rollout, self.snapshots.pop(rollout))
+
+    @rule(seconds=st.sampled_from([5, 30, 400]))
+    def time_passes(self, seconds: int) -> None:
+        self.now += seconds
+
+    def teardown(self) -> None:
+        if not self.raw:
+            return
+        for _ in range(30 * len(self.raw)):
+            moved = sum(self._pass(r, self._views(r)) for r in ROLLOUTS)
+            if not moved:
+                break
+            self.now += 30
+        failed_value = State.FAILED.value
+        halted = {
+            r
+            for r, keys in ROLLOUTS.items()
+            if self.policies[r].halt_on_failure
+            and any(
+                raw["metadata"]["labels"].get(keys.state) == failed_value
+                for raw in self.raw.values()
+            )
+        }
+        for name, raw in self.raw.items():
+            meta = raw["metadata"]
+            states = {r: meta["labels"].get(k.state) for r, k in ROLLOUTS.items()}
+            failed = [r for r, state in states.items() if state == State.FAILED.value]
+            if failed:
+                # Timed out while passes stopped: the node stays cordoned and claimed
+                # by the rollout that failed it, so the other one never starts it.
+                assert len(failed) == 1, states
+                assert meta["annotations"].get(HOLDER_ANNOTATION) == ROLLOUTS[failed[0]].holder_id
+                assert not self._in_flight(name), states
+                continue
+            for rollout in ROLLOUTS:
+                if rollout in halted and states[rollout] == State.REQUIRED.value:
+                    continue  # halted by its failure elsewhere, as haltOnFailure says
+                assert self.versions[(name, rollout)] == FIRST, f"{name}: {rollout} never ran"
+                assert states[rollout] in (None, State.DONE.value), states
+            assert HOLDER_ANNOTATION not in meta["annotations"], f"{name}: claim left behind"
+            assert not raw["spec"].get("unschedulable"), f"{name}: left cordoned"
+
+
+SharedNodesMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_shared_nodes_machine = pytest.mark.timeout(120)(SharedNodesMachine.TestCase)

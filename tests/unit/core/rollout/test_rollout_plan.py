@@ -7,9 +7,9 @@ from typing import Any
 
 from kmodkit.core.contract.hooks import Failed, Pending, Validated
 from kmodkit.core.contract.policy import UpgradePolicy
-from kmodkit.core.rollout.keys import RolloutKeys
+from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import NodeRecord, NodeView, PodView
-from kmodkit.core.rollout.plan import Context, Plan, Step, plan
+from kmodkit.core.rollout.plan import Context, NodePatch, Plan, Step, plan
 from kmodkit.core.rollout.states import State
 from kmodkit.core.rollout.status import summarize
 
@@ -679,3 +679,100 @@ def test_a_state_set_by_hand_without_a_timer_gets_one_so_its_timeout_can_fire() 
     step = only_step([view])
     assert step.after is State.EVICTING
     assert annotations_of(step)[KEYS.since] == str(int(NOW))
+
+
+# One rollout per node: the holder claim.
+
+OTHER = "ttfw.fw"
+
+
+def test_starting_a_node_claims_it_in_the_same_patch() -> None:
+    step = only_step([node(state=State.REQUIRED)])
+    assert step.after is State.CORDONING
+    assert step.patch is not None
+    assert step.patch.annotations[HOLDER_ANNOTATION] == KEYS.holder_id
+
+
+def test_a_node_held_by_another_rollout_is_not_started_and_is_reported_busy() -> None:
+    busy = node("busy", State.REQUIRED, holder=OTHER, unschedulable=True)
+    p = run([busy, node("free", State.REQUIRED)], UpgradePolicy(upgrade_cordoned_nodes=True))
+    assert [(s.node, s.after) for s in p.steps] == [("free", State.CORDONING)]
+    assert p.held["busy"].reason == "NodeBusy"
+    assert OTHER in p.held["busy"].message
+    assert reported([busy], UpgradePolicy())["busy"][1] == "NodeBusy"
+
+
+def test_a_node_held_by_another_rollout_does_not_use_up_this_ones_budget() -> None:
+    busy = node("busy", State.REQUIRED, holder=OTHER, unschedulable=True)
+    p = run([busy, node("free", State.REQUIRED)], UpgradePolicy(max_unavailable=1))
+    assert p.budget.unavailable == 0
+    assert [(s.node, s.after) for s in p.steps] == [("free", State.CORDONING)]
+
+
+def test_a_node_claimed_between_start_and_cordon_backs_out_without_touching_the_claim() -> None:
+    step = only_step([node(state=State.CORDONING, record=record(), holder=OTHER)])
+    assert step.after is State.REQUIRED
+    assert step.reason == "NodeBusy"
+    assert step.patch is not None
+    assert HOLDER_ANNOTATION not in step.patch.annotations
+
+
+def test_finishing_a_node_releases_the_claim_in_the_same_patch() -> None:
+    view = node(
+        state=State.UNCORDONING,
+        record=record(cordon="rollout"),
+        unschedulable=True,
+        holder=KEYS.holder_id,
+    )
+    step = only_step([view])
+    assert step.after is State.DONE
+    assert step.patch is not None
+    assert step.patch.annotations[HOLDER_ANNOTATION] is None
+    assert step.patch.unschedulable is False
+
+
+def test_a_failed_node_keeps_its_claim_while_the_rollouts_cordon_stays() -> None:
+    view = later(
+        node(
+            state=State.VALIDATING,
+            record=record(cordon="rollout"),
+            unschedulable=True,
+            holder=KEYS.holder_id,
+        ),
+        10_000,
+    )
+    step = only_step([view], UpgradePolicy(halt_on_failure=False))
+    assert step.after is State.FAILED
+    assert step.patch is not None
+    assert HOLDER_ANNOTATION not in step.patch.annotations
+    failed = replace(view, state=State.FAILED)
+    assert run([failed], UpgradePolicy(halt_on_failure=False)).steps == ()
+
+
+def test_a_failed_node_an_admin_uncordoned_is_released_with_its_failure_kept() -> None:
+    view = node(
+        state=State.FAILED,
+        record=record(cordon="rollout", reason="ValidationTimeout", message="not healthy"),
+        unschedulable=False,
+        holder=KEYS.holder_id,
+    )
+    step = only_step([view])
+    assert (step.before, step.after) == (State.FAILED, State.FAILED)
+    assert step.patch == NodePatch(annotations={HOLDER_ANNOTATION: None})
+    assert (step.reason, step.message) == ("ValidationTimeout", "not healthy")
+
+
+def test_a_failed_node_without_the_rollouts_cordon_releases_the_claim_as_it_fails() -> None:
+    view = later(
+        node(state=State.VALIDATING, record=record(), holder=KEYS.holder_id),
+        10_000,
+    )
+    step = only_step([view], UpgradePolicy(cordon=False))
+    assert step.after is State.FAILED
+    assert step.patch is not None
+    assert step.patch.annotations[HOLDER_ANNOTATION] is None
+
+
+def test_another_rollouts_claim_is_never_released_by_this_one() -> None:
+    view = node(state=State.DONE, needs_update=False, holder=OTHER)
+    assert run([view]).steps == ()
