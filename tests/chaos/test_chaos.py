@@ -240,8 +240,9 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
     except BaseException:
         # A run that stalls (a rollout never finishing) is often the result of what
         # the invariants already saw: show it, not only the timeout.
-        if inv.violations:
-            run.report(f"seed {run.seed}: violations seen:\n" + "\n".join(inv.violations[:10]))
+        seen = inv.violations + _overlaps(faults, replicas)
+        if seen:
+            run.report(f"seed {run.seed}: violations seen:\n" + "\n".join(seen[:10]))
         raise
     finally:
         for r in replicas:
@@ -250,6 +251,13 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
         for feed in feeds:
             feed.stop()
     _verdict(run, world, inv, faults, replicas, feeds)
+
+
+def _overlaps(faults: ApiFaults, replicas: list[Replica]) -> list[str]:
+    spans = activity_overlaps(
+        [(wr.at, wr.replica) for wr in faults.writes], {r.index: r.lives for r in replicas}
+    )
+    return [f"two replicas active at once: {o}" for o in spans]
 
 
 def _peering_crd(api: Any) -> None:
@@ -564,11 +572,8 @@ def _verdict(
     for r in replicas:
         calls += r.swap_calls()
     repeated = sum(c - 1 for c in calls.values() if c > 1)
-    overlaps = activity_overlaps(
-        [(wr.at, wr.replica) for wr in faults.writes], {r.index: r.lives for r in replicas}
-    )
-    for o in overlaps:
-        inv.check(False, f"two replicas active at once: {o}")
+    for o in _overlaps(faults, replicas):
+        inv.check(False, o)
     errors = [e for f in feeds for e in f.errors] + [
         e for r in replicas for e in r.unexpected_exits()
     ]
