@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kmodkit_dev import build, cluster, manifests
+from kmodkit_dev import build, cluster, manifests, tenstorrent_demo
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.repo import ROOT
@@ -356,6 +356,7 @@ def main() -> int:
             }
         )
         d.core.create_namespaced_secret(NS, reg.pull_secret("registry"))
+        d.core.create_namespaced_service_account(NS, tenstorrent_demo.flasher_account())
         d.kubectl(
             "apply", "-n", NS, "-f", str(ROOT / "docs" / "samples" / "xe-build-configmap.yaml")
         )
@@ -369,6 +370,7 @@ def main() -> int:
             KMODKIT_NAMESPACE=NS,
             # The demo namespace's default account stands in for the chart's.
             KMODKIT_TT_SERVICE_ACCOUNT="default",
+            KMODKIT_TT_FLASHER_SERVICE_ACCOUNT=tenstorrent_demo.FLASHER_ACCOUNT,
         ) as operator:
             run_demo(d, reg, operator.port)
             run_tenstorrent(d)

@@ -19,6 +19,15 @@ from kmodkit.backends.tenstorrent.settings import DEFAULT_DEPLOY_GATES
 HOLDER_APP = "tt-inference"
 
 
+FLASHER_ACCOUNT = "tt-flasher"
+"""The flash pods' account in the demo and the tests (the chart makes its own): no role, no
+token, as the chart's."""
+
+
+def flasher_account() -> dict[str, Any]:
+    return {"metadata": {"name": FLASHER_ACCOUNT}, "automountServiceAccountToken": False}
+
+
 def driver_policy(
     name: str, version: str, selector: Mapping[str, str], **spec: Any
 ) -> dict[str, Any]:

@@ -175,6 +175,7 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
     install(api)
     for ns in (world.operator_ns, world.work_ns):
         core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(world.operator_ns, demo.flasher_account())
     run.registry = registry
     core.create_namespaced_secret(
         world.work_ns,
@@ -218,6 +219,7 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
             env = {
                 "KMODKIT_NAMESPACE": world.operator_ns,
                 "KMODKIT_TT_SERVICE_ACCOUNT": "default",
+                "KMODKIT_TT_FLASHER_SERVICE_ACCOUNT": demo.FLASHER_ACCOUNT,
                 "KMODKIT_REGISTRY_CA": str(registry.ca),
                 "KMODKIT_AGENT_IMAGE": "registry.invalid/kmodkit/agent:chaos",
             }

@@ -34,7 +34,7 @@ DRIVER = ("driver.tenstorrent.com", "v1alpha1", "tenstorrentdriverpolicies")
 FIRMWARE = ("firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies")
 BUILDER_SELECTOR = "app.kubernetes.io/name=tt-kmd-installer"
 KERNEL = "6.8.0-45-generic"
-FLASHER_ACCOUNT = "tt-flasher"
+FLASHER_ACCOUNT = demo_objects.FLASHER_ACCOUNT
 
 
 def operator_env(namespace: str) -> dict[str, str]:
@@ -55,10 +55,7 @@ def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple
     core = client.CoreV1Api(kube_api)
     namespace = f"tt-op-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    core.create_namespaced_service_account(
-        namespace,
-        {"metadata": {"name": FLASHER_ACCOUNT}, "automountServiceAccountToken": False},
-    )
+    core.create_namespaced_service_account(namespace, demo_objects.flasher_account())
     try:
         with running_operator(
             kubeconfig, log_dir / "operator.log", **operator_env(namespace)
