@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_driver import KMD
 from tests.integration.test_tt_support import (
@@ -108,16 +109,9 @@ def test_pass_two_spares_the_operator_namespace(
         create_policy(
             kube_api,
             DRIVER,
-            {
-                "apiVersion": "driver.tenstorrent.com/v1alpha1",
-                "kind": "TenstorrentDriverPolicy",
-                "metadata": {"name": policy},
-                "spec": {
-                    "version": "2.8.0",
-                    "nodeAffinity": {"matchLabels": {"ttdr-test": tag}},
-                    "upgradePolicy": {"drain": {"timeoutSeconds": 15}},
-                },
-            },
+            demo_objects.driver_policy(
+                policy, "2.8.0", {"ttdr-test": tag}, upgradePolicy={"drain": {"timeoutSeconds": 15}}
+            ),
         )
         wait_until(lambda: node_labels(kube_api, node).get(KMD) == "2.8.0", "2.8.0 loaded")
         apps.create_namespaced_deployment(work, _deployment("web", node))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.manifests import apply, wait_established
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.waiting import wait_until
@@ -93,16 +94,9 @@ def test_fields_this_operator_does_not_know_are_ignored_mid_rollout(
     create_policy(
         kube_api,
         DRIVER,
-        {
-            "apiVersion": "driver.tenstorrent.com/v1alpha1",
-            "kind": "TenstorrentDriverPolicy",
-            "metadata": {"name": policy},
-            "spec": {
-                "version": "2.8.0",
-                "nodeAffinity": {"matchLabels": {"ttdg-test": tag}},
-                "upgradePolicy": {"drain": {"timeoutSeconds": 10}},
-            },
-        },
+        demo_objects.driver_policy(
+            policy, "2.8.0", {"ttdg-test": tag}, upgradePolicy={"drain": {"timeoutSeconds": 10}}
+        ),
     )
     wait_until(
         lambda: all(node_labels(kube_api, n).get(KMD) == "2.8.0" for n in nodes),
