@@ -618,7 +618,9 @@ class LoaderMachine(RuleBasedStateMachine):
         if pod is None or pod.view.deleting:
             return  # 404, or already going
         sim = self.nodes[pod.node]
-        if self._serves_wanted(sim, pod):
+        # An unload decided earlier finishes even if the node is wanted again meanwhile:
+        # its unloader may have begun, and only its end says what is loaded.
+        if self._serves_wanted(sim, pod) and self._unloader(sim.name) is None:
             others = [
                 q for q in self._live(sim.name) if q is not pod and self._serves_wanted(sim, q)
             ]
