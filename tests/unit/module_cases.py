@@ -94,6 +94,19 @@ def _named(name: Callable[[str], str]) -> Callable[[str], dict[str, Any]]:
 
 RAW = {"load": ["-v", "mod"], "unload": ["-rv", "mod"]}
 
+
+def sign(**fields: Any) -> dict[str, Any]:
+    """A valid sign section (from an unsigned image); ``fields`` override or (None) remove."""
+    section: dict[str, Any] = {
+        "unsignedImage": "quay.io/org/mod-unsigned:${KERNEL_FULL_VERSION}",
+        "keySecret": {"name": "signing-key"},
+        "certSecret": {"name": "signing-cert"},
+        "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/extra/mod.ko"],
+    }
+    section.update(fields)
+    return {k: v for k, v in section.items() if v is not None}
+
+
 CASES = [
     Case("regexp-and-literal", _mapping(literal="6.8.0"), f"{C}.kernelMappings[0].literal"),
     Case("neither-regexp-nor-literal", _mapping(regexp=None), f"{C}.kernelMappings[0]"),
@@ -263,6 +276,60 @@ CASES = [
             )
         ),
         f"{C}.build.buildArgs[0].value",
+    ),
+    Case(
+        "sign-no-files",
+        _container(lambda c: c.update(sign=sign(filesToSign=[]))),
+        f"{C}.sign.filesToSign",
+    ),
+    Case(
+        "sign-file-relative",
+        _container(lambda c: c.update(sign=sign(filesToSign=["lib/modules/mod.ko"]))),
+        f"{C}.sign.filesToSign[0]",
+    ),
+    Case(
+        "sign-file-outside-dir-name",
+        _container(lambda c: c.update(sign=sign(filesToSign=["/usr/lib/modules/mod.ko"]))),
+        f"{C}.sign.filesToSign[0]",
+        admission_path=f"{C}.sign.filesToSign",
+    ),
+    Case(
+        "sign-file-shell-characters",
+        _container(lambda c: c.update(sign=sign(filesToSign=["/opt/mod.ko; rm -rf /"]))),
+        f"{C}.sign.filesToSign[0]",
+    ),
+    Case(
+        "sign-file-unknown-variable",
+        _container(lambda c: c.update(sign=sign(filesToSign=["/opt/lib/modules/${KERNEL}/m.ko"]))),
+        f"{C}.sign.filesToSign[0]",
+    ),
+    Case(
+        "mapping-sign-file-outside-dir-name",
+        _mapping(sign=sign(filesToSign=["/lib/modules/mod.ko"])),
+        f"{C}.kernelMappings[0].sign.filesToSign[0]",
+        admission_path=f"{C}.kernelMappings",
+    ),
+    Case(
+        "sign-without-key-secret",
+        _container(lambda c: c.update(sign=sign(keySecret=None))),
+        f"{C}.sign.keySecret",
+    ),
+    Case(
+        "sign-nothing-to-sign",
+        _container(lambda c: c.update(sign=sign(unsignedImage=None))),
+        f"{C}.kernelMappings[0].sign",
+        admission_path=f"{C}.kernelMappings",
+    ),
+    Case(
+        "sign-unsigned-image-no-tag",
+        _mapping(sign=sign(unsignedImage="quay.io/org/mod-unsigned")),
+        f"{C}.kernelMappings[0].sign.unsignedImage",
+    ),
+    Case(
+        "sign-image-pinned-by-digest",
+        _mapping(containerImage="quay.io/org/mod@sha256:" + "a" * 64, sign=sign()),
+        f"{C}.kernelMappings[0].containerImage",
+        admission_path=f"{C}.kernelMappings",
     ),
     # What CEL cannot check; admission lets these through and kmodkit's own
     # validation (and the engine) reject them.

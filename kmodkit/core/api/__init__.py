@@ -17,6 +17,7 @@ from kmodkit.core.api.module import (
     ModuleLoaderContainer,
     ModuleSpec,
     RolloutPolicy,
+    Sign,
 )
 from kmodkit.core.api.status import (
     DEGRADED,
@@ -54,5 +55,6 @@ __all__ = [
     "ObjectMeta",
     "RegistryTLS",
     "RolloutPolicy",
+    "Sign",
     "Toleration",
 ]

@@ -131,10 +131,46 @@ UNKNOWN_VARIABLE_MSG = "names an unknown template variable; the known ones are "
 )
 _IMAGE_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="containerImage")
 _BUILD_ARG_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="value")
+_UNSIGNED_IMAGE_RULE = cel(IMAGE_TAG_OR_DIGEST_CEL, IMAGE_TAG_MSG, subject="unsignedImage")
+_UNSIGNED_VARIABLES_RULE = cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="unsignedImage")
+MAX_FILES_TO_SIGN = 64
+SIGN_FILE_PATTERN = r"^/[A-Za-z0-9._+@=/*?\[\]${}-]*$"
+SIGN_FILE_MSG = (
+    "must be an absolute path in the image, or a glob (*, ?, [...]), made of letters, digits "
+    "and ._+@=/- (template variables such as ${KERNEL_FULL_VERSION} allowed)"
+)
+SIGN_DIR_MSG = (
+    "must lie under spec.moduleLoader.container.modprobe.dirName (default /opt), where the "
+    "loader reads the modules from"
+)
+SIGN_SOURCE_MSG = (
+    "needs something to sign: set sign.unsignedImage, or a build (on the mapping or the "
+    "container) whose result is signed"
+)
+SIGN_DIGEST_MSG = (
+    "cannot pin a digest while sign is set: the signed image is pushed under this reference, "
+    "so it needs a tag"
+)
 MAX_BUILD_ARGS = 16
 MAX_KERNEL_MAPPINGS = 64
 _ORDER_SET = "has(self.modulesLoadingOrder)"
+# modprobe.dirName with one trailing '/', as the prefix every file to sign must start with.
+_DIR = "(has(self.modprobe.dirName) ? self.modprobe.dirName : '/opt')"
+_DIR_PREFIX = f"({_DIR}.endsWith('/') ? {_DIR} : {_DIR} + '/')"
 _NAME_SET = "(has(self.moduleName) && self.moduleName != '')"
+
+
+# A file to sign: a path or glob in the image, templated with the kernel variables.
+SignedFile = Annotated[
+    str,
+    Field(
+        max_length=1024,
+        pattern=SIGN_FILE_PATTERN,
+        json_schema_extra=cel_rules(
+            cel(KNOWN_VARIABLES_CEL, UNKNOWN_VARIABLE_MSG, subject="filesToSign")
+        ),
+    ),
+]
 
 
 class ModprobeArgs(KubeModel):
@@ -252,6 +288,32 @@ class Build(KubeModel):
     """Builder parameters (KMM's): the builder image's tag."""
 
 
+class Sign(KubeModel):
+    """Module signing (KMM's): the listed files signed with a key the kernel trusts.
+
+    The signed image is pushed as the mapping's containerImage; the unsigned one
+    is ``unsignedImage`` or, with a build, what the build pushes first.
+    """
+
+    unsigned_image: Annotated[
+        ImageRef | None,
+        Field(json_schema_extra=cel_rules(_UNSIGNED_IMAGE_RULE, _UNSIGNED_VARIABLES_RULE)),
+    ] = None
+    """Image holding the unsigned modules; required unless a build makes them. With a build, the
+    build pushes here (default: containerImage's tag with "-unsigned" appended)."""
+    unsigned_image_registry_tls: RegistryTLS | None = Field(
+        default=None, alias="unsignedImageRegistryTLS"
+    )
+    """Registry TLS settings for pulling the unsigned image."""
+    key_secret: LocalObjectReference
+    """Secret whose key "key" holds the private signing key (PEM)."""
+    cert_secret: LocalObjectReference
+    """Secret whose key "cert" holds the signing certificate (PEM or DER)."""
+    files_to_sign: list[SignedFile] = Field(min_length=1, max_length=MAX_FILES_TO_SIGN)
+    """Files in the image to sign: absolute paths under modprobe.dirName, or globs (*, ?, [...]);
+    each must match at least one file."""
+
+
 class KernelMapping(KubeModel):
     """Which image serves which kernels."""
 
@@ -294,6 +356,8 @@ class KernelMapping(KubeModel):
     """Image for these kernels; empty or unset to use the container's containerImage."""
     build: Build | None = None
     """Build settings merged over the container's."""
+    sign: Sign | None = None
+    """Signing settings merged over the container's."""
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
     """Registry TLS settings; replace the container's as a whole when set."""
     in_tree_modules_to_remove: list[ShortName] | None = Field(default=None, max_length=64)
@@ -322,6 +386,37 @@ class ModuleLoaderContainer(KubeModel):
                 subject="version",
                 field_path=".version",
             ),
+            cel(
+                f"!has(self.sign) || self.sign.filesToSign.all(f, f.startsWith({_DIR_PREFIX}))",
+                SIGN_DIR_MSG,
+                subject="sign.filesToSign",
+                field_path=".sign.filesToSign",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !has(m.sign) "
+                f"|| m.sign.filesToSign.all(f, f.startsWith({_DIR_PREFIX})))",
+                SIGN_DIR_MSG,
+                subject="kernelMappings[].sign.filesToSign",
+                field_path=".kernelMappings",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !(has(self.sign) || has(m.sign)) "
+                "|| (has(m.sign) && has(m.sign.unsignedImage)) "
+                "|| (has(self.sign) && has(self.sign.unsignedImage)) "
+                "|| has(m.build) || has(self.build))",
+                SIGN_SOURCE_MSG,
+                subject="kernelMappings[].sign",
+                field_path=".kernelMappings",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !(has(self.sign) || has(m.sign)) "
+                "|| (has(m.containerImage) && m.containerImage != '' "
+                "? !m.containerImage.contains('@') "
+                ": !has(self.containerImage) || !self.containerImage.contains('@')))",
+                SIGN_DIGEST_MSG,
+                subject="containerImage",
+                field_path=".kernelMappings",
+            ),
         )
     )
 
@@ -345,6 +440,8 @@ class ModuleLoaderContainer(KubeModel):
     """Registry TLS settings for the module image."""
     build: Build | None = None
     """Default build settings, merged with each mapping's."""
+    sign: Sign | None = None
+    """Default signing settings, merged with each mapping's."""
 
 
 class ModuleLoader(KubeModel):

@@ -1,4 +1,4 @@
-"""In-cluster build plans: one build Job per missing image, retried with back-off.
+"""In-cluster build and sign plans: one Job per missing image, retried with back-off.
 
 KMM runs one build per kernel with no node selector (so headers may not match),
 and a failed build pod blocks every retry until a human deletes it. Here a
@@ -11,6 +11,12 @@ Each Job records what it was made from (a digest of the Dockerfile text and
 kaniko's arguments and volumes) and the imageRebuildTriggerGeneration it was
 made under. A running build whose inputs changed is replaced; a failed one is
 retried at once, without back-off, when its inputs or the trigger changed.
+
+A signed image takes two steps, each a Job of the same kind: the build (if any)
+pushes the unsigned image, then the sign Job pushes the signed one under the
+Module's image. Unlike KMM, whose build pushes the unsigned modules under the
+final name and signs over them, no node can pull an unsigned image by the name
+it loads: the signed image exists only once it is whole.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ from datetime import datetime
 from typing import Any
 
 from kmodkit.core import labels
-from kmodkit.core.api import Build, Module, RegistryTLS
+from kmodkit.core.api import Build, Module
+from kmodkit.core.engine import sign_job
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import ImageState, ImageStatus
 from kmodkit.core.engine.loader_pod import COMPONENT_LABEL, MODULE_LABEL
-from kmodkit.core.engine.registry import Answer, Existence
+from kmodkit.core.engine.registry import Answer, Existence, tls_flags
 from kmodkit.core.kernel import dns_safe
 from kmodkit.core.nodes import NodeView, selector_matches
 
@@ -42,8 +49,13 @@ RETRY_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-retry"
 """How many failed Jobs of the same inputs and trigger came just before: the back-off step."""
 REPORTED_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-reported"
 """The build events already posted about the Job, comma-separated."""
+STEP_ANNOTATION = f"{labels.KMODKIT_PREFIX}/image-step"
+"""What the Job does to make its image: build it, or sign the unsigned one (absent: build)."""
+BUILD, SIGN = "build", "sign"
 DOCKERFILE_KEY = "dockerfile"
 STARTED, SUCCEEDED, FAILED = "started", "succeeded", "failed"
+_EVENT_PREFIX = {BUILD: "Build", SIGN: "Sign"}
+_NOT_CHECKED = Answer(Existence.UNKNOWN, "not checked yet")
 # How long a finished build may take to show up in the registry.
 PUSH_GRACE_SECONDS = 60.0
 MAX_CANDIDATE_NODES = 50
@@ -57,6 +69,8 @@ class BuildSettings:
     deadline_seconds: int = 3600
     input_recheck_seconds: float = 30.0
     """How often a running build's Dockerfile is read again (nothing watches ConfigMaps)."""
+    signer_image: str = ""
+    """The image that runs ``kmodkit-sign`` in sign Jobs."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,7 @@ class BuildJob:
     started: bool = False
     """The Job controller made its pod (it is active or has finished one)."""
     reported: frozenset[str] = frozenset()
+    step: str = BUILD
 
 
 def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
@@ -115,6 +130,7 @@ def build_job_view(obj: Mapping[str, Any]) -> BuildJob:
         retry=attempt - 1 if retry is None else retry,
         started=bool(status.get("active") or status.get("succeeded") or status.get("failed")),
         reported=reported,
+        step=SIGN if ann.get(STEP_ANNOTATION) == SIGN else BUILD,
     )
 
 
@@ -162,9 +178,54 @@ def backoff(attempt: int, settings: BuildSettings) -> float:
     )
 
 
-def job_name(module: str, image: str, attempt: int) -> str:
+def job_name(module: str, image: str, attempt: int, step: str = BUILD) -> str:
     digest = hashlib.sha256(image.encode()).hexdigest()[:10]
-    return f"{module[:200]}-build-{digest}-{attempt}"
+    return f"{module[:200]}-{step}-{digest}-{attempt}"
+
+
+def image_targets(needed: Mapping[str, ResolvedMapping]) -> dict[str, ResolvedMapping]:
+    """Every image a Job may push for ``needed``: the images, and the unsigned images built
+    to be signed."""
+    targets = dict(needed)
+    for resolved in needed.values():
+        if resolved.sign is not None and resolved.build is not None:
+            targets.setdefault(resolved.sign.unsigned_image, resolved)
+    return targets
+
+
+def unsigned_images(
+    needed: Mapping[str, ResolvedMapping], existence: Mapping[str, Answer]
+) -> dict[str, ResolvedMapping]:
+    """The unsigned images whose existence decides the next step: those of signed images
+    the registry does not have."""
+    return {
+        resolved.sign.unsigned_image: resolved
+        for image, resolved in needed.items()
+        if resolved.sign is not None
+        and existence.get(image, _NOT_CHECKED).existence is Existence.MISSING
+    }
+
+
+def _next_step(
+    image: str, resolved: ResolvedMapping, existence: Mapping[str, Answer]
+) -> tuple[str, str] | ImageStatus:
+    """The Job that makes a missing ``image`` next, as (step, image it pushes), or the
+    image's state when no Job can."""
+    sign = resolved.sign
+    if sign is None:
+        return (BUILD, image) if resolved.build is not None else ImageStatus(ImageState.MISSING)
+    unsigned = existence.get(sign.unsigned_image, _NOT_CHECKED)
+    if unsigned.existence is Existence.EXISTS:
+        return SIGN, image
+    if unsigned.existence is Existence.UNKNOWN:
+        return ImageStatus(
+            ImageState.UNKNOWN, f"the unsigned image {sign.unsigned_image}: {unsigned.detail}"
+        )
+    if resolved.build is not None:
+        return BUILD, sign.unsigned_image
+    return ImageStatus(
+        ImageState.MISSING, f"the unsigned image {sign.unsigned_image} does not exist either"
+    )
 
 
 def plan_builds(
@@ -178,21 +239,23 @@ def plan_builds(
     settings: BuildSettings,
     now: float,
 ) -> BuildPlan:
-    """Jobs to create and delete, image states, and the build events to post.
+    """Jobs to create and delete, image states, and the build and sign events to post.
 
-    ``dockerfile`` gives the ``dockerfile`` key of a ConfigMap in the Module's
-    namespace (None if there is none); it is asked only when a build's inputs
-    matter, so a converged Module reads no ConfigMap.
+    ``existence`` answers for the needed images and, for signed ones the
+    registry lacks, their unsigned images (``unsigned_images``). ``dockerfile``
+    gives the ``dockerfile`` key of a ConfigMap in the Module's namespace (None
+    if there is none); it is asked only when a build's inputs matter, so a
+    converged Module reads no ConfigMap.
     """
     out = BuildPlan()
-    trigger = module.spec.image_rebuild_trigger_generation
+    targets = image_targets(needed)
     by_image: dict[str, list[BuildJob]] = {}
     for seen in jobs:
         by_image.setdefault(seen.image, []).append(seen)
     latest: dict[str, BuildJob] = {}
     for image, attempts in by_image.items():
         attempts.sort(key=lambda j: j.attempt)
-        keep = 1 if image in needed else 0  # superseded attempts go
+        keep = 1 if image in targets else 0  # superseded attempts go
         if keep:
             latest[image] = attempts[-1]
         out.delete.extend(j.name for j in attempts[: len(attempts) - keep])
@@ -200,8 +263,7 @@ def plan_builds(
     created: list[BuildEvent] = []
     late_failures: dict[str, str] = {}
     for image, resolved in sorted(needed.items()):
-        answer = existence.get(image, Answer(Existence.UNKNOWN, "not checked yet"))
-        job = latest.get(image)
+        answer = existence.get(image, _NOT_CHECKED)
         if answer.existence is Existence.EXISTS:
             out.states[image] = ImageStatus(ImageState.EXISTS)
             continue
@@ -209,19 +271,28 @@ def plan_builds(
             # Never build because the registry could not be asked.
             out.states[image] = ImageStatus(ImageState.UNKNOWN, answer.detail)
             continue
-        if resolved.build is None:
-            out.states[image] = ImageStatus(ImageState.MISSING)
+        step = _next_step(image, resolved, existence)
+        if isinstance(step, ImageStatus):
+            out.states[image] = step
             continue
-        config_map = resolved.build.dockerfile_config_map.name or ""
+        kind, target = step
+        job = latest.get(target)
+        inputs = _inputs_reader(kind, module, target, resolved, dockerfile)
+        building, failed = (
+            (ImageState.BUILDING, ImageState.BUILD_FAILED)
+            if kind == BUILD
+            else (ImageState.SIGNING, ImageState.SIGN_FAILED)
+        )
         retry, why_now, replaces = 0, "", None
+        settings_of = "Dockerfile or build settings" if kind == BUILD else "sign settings"
         if job is not None and not (job.failed or job.succeeded):
             # Running, or created and not started yet.
-            if not _changed(job, module, image, resolved, dockerfile(config_map)):
-                out.states[image] = ImageStatus(ImageState.BUILDING, job.name)
+            if not _changed(job, kind, inputs):
+                out.states[image] = ImageStatus(building, job.name)
                 _wake(out, settings.input_recheck_seconds)
                 continue
             replaces = job.name
-            why_now = f"; replaces {job.name}, whose Dockerfile or build settings changed"
+            why_now = f"; replaces {job.name}, whose {settings_of} changed"
         elif (
             job is not None
             and job.succeeded
@@ -229,62 +300,68 @@ def plan_builds(
             and now - job.finished_at < PUSH_GRACE_SECONDS
         ):
             out.states[image] = ImageStatus(
-                ImageState.BUILDING, f"{job.name} finished; waiting for the registry"
+                building, f"{job.name} finished; waiting for the registry"
             )
             _wake(out, PUSH_GRACE_SECONDS - (now - job.finished_at))
             continue
         elif job is not None:
             if job.failed:
-                why = job.message or "the build Job failed"
+                why = job.message or f"the {kind} Job failed"
             else:
-                why = f"{job.name} succeeded but {image} is not in the registry"
+                why = f"{job.name} succeeded but {target} is not in the registry"
                 late_failures[job.name] = (
-                    f"it succeeded but {image} was not in the registry "
+                    f"it succeeded but {target} was not in the registry "
                     f"{int(PUSH_GRACE_SECONDS)}s later"
                 )
-            if _changed(job, module, image, resolved, dockerfile(config_map)):
-                why_now = f"; {job.name} failed, and the Dockerfile or build settings changed since"
-            elif job.trigger != trigger:
+            if _changed(job, kind, inputs):
+                why_now = f"; {job.name} failed, and the {settings_of} changed since"
+            elif job.trigger != module.spec.image_rebuild_trigger_generation:
                 why_now = f"; imageRebuildTriggerGeneration changed since {job.name} failed"
             else:
                 grace = 0.0 if job.failed else PUSH_GRACE_SECONDS
                 due = (job.finished_at or now) + grace + backoff(job.retry + 1, settings)
                 if now < due:
                     out.states[image] = ImageStatus(
-                        ImageState.BUILD_FAILED,
+                        failed,
                         f"attempt {job.attempt} ({job.name}): {why}; retrying in {int(due - now)}s",
                     )
                     _wake(out, due - now)
                     continue
                 retry = job.retry + 1
-        text = dockerfile(config_map)
-        if text is None:
+        digest = inputs()
+        if digest is None:
+            config_map = resolved.build.dockerfile_config_map.name if resolved.build else ""
             out.states[image] = ImageStatus(
-                ImageState.BUILD_FAILED,
+                failed,
                 f"ConfigMap {module.metadata.namespace}/{config_map} has no key "
                 f"{DOCKERFILE_KEY!r}: create it with the Dockerfile under that key",
             )
             _wake(out, settings.input_recheck_seconds)
             continue
         attempt = job.attempt + 1 if job is not None else 1
-        candidates = _build_nodes(resolved, nodes_by_image.get(image, ()), nodes)
-        if not candidates:
-            out.states[image] = ImageStatus(
-                ImageState.BUILD_FAILED,
-                f"no node runs kernel {resolved.kernel} and matches build.selector; the build "
-                "needs one for matching kernel headers",
-            )
-            continue
+        targeted = nodes_by_image.get(image, ())
+        if kind == BUILD:
+            candidates = _build_nodes(resolved, targeted, nodes)
+            if not candidates:
+                out.states[image] = ImageStatus(
+                    failed,
+                    f"no node runs kernel {resolved.kernel} and matches build.selector; the "
+                    "build needs one for matching kernel headers",
+                )
+                continue
+            new = build_job(module, target, resolved, attempt, candidates, settings, digest, retry)
+        else:
+            arch = min((n.arch for n in targeted), default="amd64")
+            new = sign_job_for(module, target, resolved, attempt, arch, settings, digest, retry)
         if replaces is not None:
-            # Only once its successor can be made: a build of old inputs beats none.
+            # Only once its successor can be made: a Job of old inputs beats none.
             out.delete.append(replaces)
-        inputs = build_inputs(module, image, resolved, text)
-        new = build_job(module, image, resolved, attempt, candidates, settings, inputs, retry)
         out.create.append(new)
         name = new["metadata"]["name"]
-        out.states[image] = ImageStatus(ImageState.BUILDING, name)
+        out.states[image] = ImageStatus(building, name)
+        doing = f"building {target}" if kind == BUILD else f"signing {image}"
         created.append(
-            BuildEvent("BuildCreated", f"building {image} in Job {name}{why_now}", job=name)
+            BuildEvent(f"{_EVENT_PREFIX[kind]}Created", f"{doing} in Job {name}{why_now}", job=name)
         )
     for job in latest.values():
         if job.name not in out.delete:
@@ -293,21 +370,45 @@ def plan_builds(
     return out
 
 
-def _changed(
-    job: BuildJob, module: Module, image: str, resolved: ResolvedMapping, dockerfile: str | None
-) -> bool:
-    """Whether the Job was made from other inputs than a build now would be.
+def _inputs_reader(
+    kind: str,
+    module: Module,
+    target: str,
+    resolved: ResolvedMapping,
+    dockerfile: Callable[[str], str | None],
+) -> Callable[[], str | None]:
+    """The digest of what a Job of ``kind`` for ``target`` would read, computed on demand;
+    None while a build's Dockerfile cannot be read."""
+    if kind == SIGN:
+        return lambda: sign_inputs(module, target, resolved)
+    assert resolved.build is not None
+    config_map = resolved.build.dockerfile_config_map.name or ""
 
-    Unknown counts as unchanged: a Job made before inputs were recorded, or a
-    Dockerfile that cannot be read now, never stops a build.
+    def read() -> str | None:
+        text = dockerfile(config_map)
+        return None if text is None else build_inputs(module, target, resolved, text)
+
+    return read
+
+
+def _changed(job: BuildJob, kind: str, inputs: Callable[[], str | None]) -> bool:
+    """Whether the Job was made from other inputs than a Job now would be.
+
+    A Job of the other step always is. Unknown counts as unchanged: a Job made
+    before inputs were recorded, or a Dockerfile that cannot be read now, never
+    stops a build.
     """
-    if job.inputs is None or dockerfile is None:
+    if job.step != kind:
+        return True
+    if job.inputs is None:
         return False
-    return job.inputs != build_inputs(module, image, resolved, dockerfile)
+    now = inputs()
+    return now is not None and job.inputs != now
 
 
 def _report(out: BuildPlan, job: BuildJob, late_failure: str | None) -> None:
-    """BuildStarted, BuildSucceeded, BuildFailed: each once per Job, as its annotation says.
+    """BuildStarted, BuildSucceeded, BuildFailed (Sign... for sign Jobs): each once per Job,
+    as its annotation says.
 
     The controller posts the events and then records them on the Job. Killed in
     between, a restarted operator posts them again: an event may repeat, rarely,
@@ -316,16 +417,17 @@ def _report(out: BuildPlan, job: BuildJob, late_failure: str | None) -> None:
     """
     told = set(job.reported)
     about = f"Job {job.name} (attempt {job.attempt}) for {job.image}"
+    kind = _EVENT_PREFIX[job.step]
     if job.started and STARTED not in told:
-        out.events.append(BuildEvent("BuildStarted", f"{about} started", job=job.name))
+        out.events.append(BuildEvent(f"{kind}Started", f"{about} started", job=job.name))
         told.add(STARTED)
     if job.succeeded and SUCCEEDED not in told:
-        out.events.append(BuildEvent("BuildSucceeded", f"{about} succeeded", job=job.name))
+        out.events.append(BuildEvent(f"{kind}Succeeded", f"{about} succeeded", job=job.name))
         told.add(SUCCEEDED)
     failure = (job.message or "the Job failed") if job.failed else late_failure
     if failure and FAILED not in told:
         out.events.append(
-            BuildEvent("BuildFailed", f"{about} failed: {failure}", warning=True, job=job.name)
+            BuildEvent(f"{kind}Failed", f"{about} failed: {failure}", warning=True, job=job.name)
         )
         told.add(FAILED)
     if told != job.reported:
@@ -358,18 +460,6 @@ def _build_nodes(
     return names[:MAX_CANDIDATE_NODES]
 
 
-def _tls_flags(tls: RegistryTLS | None, push: bool) -> list[str]:
-    if tls is None:
-        return []
-    suffix = "" if push else "-pull"
-    flags = []
-    if tls.insecure:
-        flags.append(f"--insecure{suffix}")
-    if tls.insecure_skip_tls_verify:
-        flags.append(f"--skip-tls-verify{suffix}")
-    return flags
-
-
 def build_inputs(module: Module, image: str, resolved: ResolvedMapping, dockerfile: str) -> str:
     """The digest a build Job records of what it reads.
 
@@ -392,8 +482,8 @@ def _kaniko(
         "--dockerfile=/workspace/Dockerfile",
         "--context=dir:///workspace",
         f"--destination={image}",
-        *_tls_flags(resolved.registry_tls, push=True),
-        *_tls_flags(build.base_image_registry_tls, push=False),
+        *tls_flags(resolved.registry_tls, push=True),
+        *tls_flags(build.base_image_registry_tls, push=False),
     ]
     for arg in build.build_args or []:
         args.append(f"--build-arg={arg.name}={arg.value}")
@@ -443,6 +533,22 @@ def builder_image(configured: str, build: Build | None) -> str:
     return f"{repository}:{tag}"
 
 
+def sign_inputs(module: Module, image: str, resolved: ResolvedMapping) -> str:
+    """The digest a sign Job records: the signer's arguments and volumes, so the files, the
+    images, their TLS and the Secrets' names. Not the key's bytes: the operator never reads
+    them (to sign again with a rotated key under the same Secret, change
+    imageRebuildTriggerGeneration while the image is missing, or delete the image)."""
+    text = json.dumps(
+        [
+            SIGN,
+            sign_job.signer_args(module, image, resolved, "any"),
+            sign_job.signer_volumes(module, resolved),
+        ],
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def build_job(
     module: Module,
     image: str,
@@ -454,14 +560,79 @@ def build_job(
     retry: int = 0,
 ) -> dict[str, Any]:
     """A kaniko-compatible build Job that pushes ``image``, made from ``inputs``."""
-    name, ns = module.metadata.name or "", module.metadata.namespace or ""
     args, mounts, volumes = _kaniko(module, image, resolved)
+    container = {
+        "name": "kaniko",
+        "image": builder_image(settings.builder_image, resolved.build),
+        "args": args,
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+    }
+    # matchFields takes one value per term; terms are ORed.
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    for node in candidates
+                ]
+            }
+        }
+    }
+    pod = {"affinity": affinity, "containers": [container], "volumes": volumes}
+    return _image_job(module, image, resolved, BUILD, attempt, settings, inputs, retry, pod)
+
+
+def sign_job_for(
+    module: Module,
+    image: str,
+    resolved: ResolvedMapping,
+    attempt: int,
+    arch: str,
+    settings: BuildSettings,
+    inputs: str,
+    retry: int = 0,
+) -> dict[str, Any]:
+    """A Job that signs the unsigned image's files and pushes the result as ``image``.
+
+    It needs nothing of a node, so it runs wherever the scheduler puts it on the
+    image's architecture, as the signer's unprivileged user.
+    """
+    container = sign_job.signer_container(module, image, resolved, settings.signer_image, arch)
+    pod = {
+        "nodeSelector": {"kubernetes.io/arch": arch},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": sign_job.SIGNER_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": sign_job.signer_volumes(module, resolved),
+    }
+    return _image_job(module, image, resolved, SIGN, attempt, settings, inputs, retry, pod)
+
+
+def _image_job(
+    module: Module,
+    image: str,
+    resolved: ResolvedMapping,
+    step: str,
+    attempt: int,
+    settings: BuildSettings,
+    inputs: str,
+    retry: int,
+    pod: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The Job around ``pod``: what it pushes and was made from, recorded on it."""
+    name, ns = module.metadata.name or "", module.metadata.namespace or ""
     annotations = {
         IMAGE_ANNOTATION: image,
         ATTEMPT_ANNOTATION: str(attempt),
         INPUTS_ANNOTATION: inputs,
         RETRY_ANNOTATION: str(retry),
     }
+    if step != BUILD:
+        annotations[STEP_ANNOTATION] = step
     trigger = module.spec.image_rebuild_trigger_generation
     if trigger is not None:
         annotations[TRIGGER_ANNOTATION] = str(trigger)
@@ -476,7 +647,7 @@ def build_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(name, image, attempt),
+            "name": job_name(name, image, attempt, step),
             "namespace": ns,
             "labels": meta_labels,
             "annotations": annotations,
@@ -489,36 +660,8 @@ def build_job(
                 "spec": {
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
-                    # matchFields takes one value per term; terms are ORed.
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchFields": [
-                                            {
-                                                "key": "metadata.name",
-                                                "operator": "In",
-                                                "values": [node],
-                                            }
-                                        ]
-                                    }
-                                    for node in candidates
-                                ]
-                            }
-                        }
-                    },
                     "tolerations": module.spec.pod_tolerations(),
-                    "containers": [
-                        {
-                            "name": "kaniko",
-                            "image": builder_image(settings.builder_image, resolved.build),
-                            "args": args,
-                            "volumeMounts": mounts,
-                            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
-                        }
-                    ],
-                    "volumes": volumes,
+                    **pod,
                 },
             },
         },

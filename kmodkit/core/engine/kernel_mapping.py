@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kmodkit.core.api import Build, BuildArg, KernelMapping, Module, RegistryTLS
-from kmodkit.core.engine.images import ImageReferenceError, require_tag_or_digest
+from kmodkit.core.api import Build, BuildArg, KernelMapping, Module, RegistryTLS, Sign
+from kmodkit.core.api.module import SIGN_DIGEST_MSG, SIGN_DIR_MSG, SIGN_SOURCE_MSG
+from kmodkit.core.engine.images import (
+    ImageReferenceError,
+    parse_image_reference,
+    require_tag_or_digest,
+)
 from kmodkit.core.engine.re2 import RegexpError, re2_search
 from kmodkit.core.engine.templating import TemplateError, substitute
 from kmodkit.core.kernel import (
@@ -26,6 +31,9 @@ from kmodkit.core.kernel import (
 )
 
 CONTAINER_PATH = "spec.moduleLoader.container"
+UNSIGNED_SUFFIX = "-unsigned"
+"""Appended to containerImage's tag to name what a build pushes before it is signed."""
+MAX_TAG_LENGTH = 128
 
 
 def mapping_path(index: int) -> str:
@@ -48,6 +56,18 @@ class ResolveError(ValueError):
 
 
 @dataclass(frozen=True)
+class ResolvedSign:
+    """The merged sign section for one kernel, every template substituted."""
+
+    unsigned_image: str
+    """Where the unsigned modules are: sign.unsignedImage, or what the build pushes."""
+    unsigned_image_registry_tls: RegistryTLS | None
+    key_secret: str
+    cert_secret: str
+    files_to_sign: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ResolvedMapping:
     """What a Module means for one kernel (KMM's "ModuleLoaderData")."""
 
@@ -59,6 +79,13 @@ class ResolvedMapping:
     build: Build | None
     """The merged build, with templated and injected build arguments; None if no build."""
     in_tree_modules_to_remove: tuple[str, ...]
+    sign: ResolvedSign | None = None
+    """The merged sign section; None if the image is not signed."""
+
+    @property
+    def build_target(self) -> str:
+        """The image a build pushes: the unsigned image when it is signed afterwards."""
+        return self.sign.unsigned_image if self.sign is not None else self.container_image
 
 
 @dataclass(frozen=True)
@@ -140,6 +167,7 @@ def _resolve_mapping(
     single = mapping.in_tree_module_to_remove or container.in_tree_module_to_remove
     if single:
         in_tree = [single]
+    build = _resolved_build(module, index, kernel, name, namespace)
     return ResolvedMapping(
         kernel=kernel,
         mapping_index=index,
@@ -147,8 +175,90 @@ def _resolve_mapping(
         registry_tls=mapping.registry_tls
         if mapping.registry_tls is not None
         else container.registry_tls,
-        build=_resolved_build(module, index, kernel, name, namespace),
+        build=build,
         in_tree_modules_to_remove=tuple(in_tree),
+        sign=_resolved_sign(module, index, kernel, image, image_path, build is not None),
+    )
+
+
+def merge_signs(container_sign: Sign | None, mapping_sign: Sign | None) -> Sign | None:
+    """Merge a mapping's sign over the container's, as KMM does.
+
+    With one side only, that side is used whole. With both, the mapping's
+    unsigned image, key and certificate win, and the files are the container's
+    followed by the mapping's. KMM takes the unsigned image's TLS from the
+    container alone; a mapping that sets it is honoured here.
+    """
+    if container_sign is None or mapping_sign is None:
+        return mapping_sign if mapping_sign is not None else container_sign
+    return container_sign.model_copy(
+        update={
+            "unsigned_image": mapping_sign.unsigned_image or container_sign.unsigned_image,
+            "unsigned_image_registry_tls": mapping_sign.unsigned_image_registry_tls
+            or container_sign.unsigned_image_registry_tls,
+            "key_secret": mapping_sign.key_secret,
+            "cert_secret": mapping_sign.cert_secret,
+            "files_to_sign": [*container_sign.files_to_sign, *mapping_sign.files_to_sign],
+        }
+    )
+
+
+def _resolved_sign(
+    module: Module, index: int, kernel: str, image: str, image_path: str, built: bool
+) -> ResolvedSign | None:
+    container = module.spec.loader.container
+    mapping = container.kernel_mappings[index]
+    sign = merge_signs(container.sign, mapping.sign)
+    if sign is None:
+        return None
+    name, namespace = module.metadata.name or "", module.metadata.namespace or ""
+    owner = f"{mapping_path(index)}.sign" if mapping.sign is not None else f"{CONTAINER_PATH}.sign"
+    image_values = template_values(kernel, name=name, namespace=namespace, for_tag=True)
+    path_values = template_values(kernel, name=name, namespace=namespace, for_tag=False)
+    reference = parse_image_reference(image)
+    if reference.digest is not None:
+        raise ResolveError(image_path, f"becomes {image!r}, {SIGN_DIGEST_MSG}")
+    if sign.unsigned_image:
+        unsigned_path = f"{owner}.unsignedImage"
+        unsigned = _substitute(sign.unsigned_image, image_values, unsigned_path)
+        try:
+            require_tag_or_digest(unsigned)
+        except ImageReferenceError as err:
+            raise ResolveError(
+                unsigned_path, f"becomes {unsigned!r} for kernel {kernel!r}, which {err}"
+            ) from None
+    elif built:
+        tag = f"{reference.tag}{UNSIGNED_SUFFIX}"
+        if len(tag) > MAX_TAG_LENGTH:
+            raise ResolveError(
+                f"{owner}.unsignedImage",
+                f"is needed for kernel {kernel!r}: the tag of {image!r} is too long to append "
+                f"{UNSIGNED_SUFFIX!r} to it for the unsigned build; name the unsigned image",
+            )
+        unsigned = f"{reference.name}:{tag}"
+    else:
+        raise ResolveError(f"{mapping_path(index)}.sign", SIGN_SOURCE_MSG)
+    # Merged, the container's files come first: each keeps the path of the field it came from.
+    sources = [
+        (f"{owner_path}.sign.filesToSign[{position}]", entry)
+        for owner_path, part in (
+            (CONTAINER_PATH, container.sign),
+            (mapping_path(index), mapping.sign),
+        )
+        if part is not None
+        for position, entry in enumerate(part.files_to_sign)
+    ]
+    prefix = container.modprobe.dir_name.rstrip("/") + "/"
+    for path, entry in sources:
+        if not entry.startswith(prefix):
+            raise ResolveError(path, SIGN_DIR_MSG)
+    files = tuple(_substitute(entry, path_values, path) for path, entry in sources)
+    return ResolvedSign(
+        unsigned_image=unsigned,
+        unsigned_image_registry_tls=sign.unsigned_image_registry_tls,
+        key_secret=sign.key_secret.name,
+        cert_secret=sign.cert_secret.name,
+        files_to_sign=files,
     )
 
 

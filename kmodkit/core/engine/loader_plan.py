@@ -59,6 +59,8 @@ class ImageState(Enum):
     MISSING = "Missing"
     BUILDING = "Building"
     BUILD_FAILED = "BuildFailed"
+    SIGNING = "Signing"
+    SIGN_FAILED = "SignFailed"
     UNKNOWN = "Unknown"
 
 
@@ -778,26 +780,46 @@ def _no_mapping(node: NodeView) -> NodeOutcome:
 
 def _image_outcome(node: NodeView, resolved: ResolvedMapping, image: ImageStatus) -> NodeOutcome:
     img = resolved.container_image
+    index = resolved.mapping_index
+    unsigned = resolved.sign.unsigned_image if resolved.sign is not None else ""
     if image.state is ImageState.BUILDING:
+        also = f" (unsigned, to be signed as {img})" if unsigned else ""
         return NodeOutcome(
-            node.name, Phase.WAITING, "Building", f"building {img}", resolved.mapping_index
+            node.name, Phase.WAITING, "Building", f"building {resolved.build_target}{also}", index
         )
     if image.state is ImageState.BUILD_FAILED:
         return NodeOutcome(
             node.name,
             Phase.FAILED,
             "BuildFailed",
-            f"build of {img} failed: {image.detail}",
-            resolved.mapping_index,
+            f"build of {resolved.build_target} failed: {image.detail}",
+            index,
+        )
+    if image.state is ImageState.SIGNING:
+        return NodeOutcome(
+            node.name, Phase.WAITING, "Signing", f"signing {unsigned} as {img}", index
+        )
+    if image.state is ImageState.SIGN_FAILED:
+        return NodeOutcome(
+            node.name, Phase.FAILED, "SignFailed", f"signing {img} failed: {image.detail}", index
         )
     if image.state is ImageState.MISSING:
+        if unsigned:
+            return NodeOutcome(
+                node.name,
+                Phase.FAILED,
+                "ImageMissing",
+                f"{img} does not exist, nor does {unsigned}, the unsigned image it is signed "
+                f"from; push {unsigned} or add a build to the mapping",
+                index,
+            )
         return NodeOutcome(
             node.name,
             Phase.FAILED,
             "ImageMissing",
             f"{img} does not exist and no build is configured for this kernel; "
             "push it or add a build to the mapping",
-            resolved.mapping_index,
+            index,
         )
     return NodeOutcome(
         node.name,

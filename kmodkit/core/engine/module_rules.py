@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kmodkit.agent.config import forces_removal
-from kmodkit.core.api import API_VERSION, KIND, KMM_API_VERSION, Build, Module, Toleration
+from kmodkit.core.api import API_VERSION, KIND, KMM_API_VERSION, Build, Module, Sign, Toleration
 from kmodkit.core.api import common as common_api
 from kmodkit.core.api import device_plugin as device_plugin_api
 from kmodkit.core.api import module as module_api
@@ -31,8 +31,6 @@ from kmodkit.core.schema.validation import Problem, ValidatorRegistry, schema_pr
 SAMPLE_KERNEL = "5.14.0-284.30.1.el9_2.x86_64"
 
 _KMM_ONLY_FIELDS = {
-    "sign": "is KMM's module signing, which kmodkit does not support yet; remove it or keep "
-    "this Module on KMM",
     "dra": "is KMM's DRA driver support, which kmodkit leaves to backends; remove it or keep "
     "this Module on KMM",
 }
@@ -44,6 +42,24 @@ _REQUIRED = {
     f"{CONTAINER_PATH}.kernelMappings": "is required: list at least one mapping from kernels "
     "to images",
 }
+
+
+# The same, for fields that occur in several places, by the end of their path.
+_REQUIRED_ENDING = {
+    ".sign.keySecret": 'is required: name the Secret whose key "key" holds the private '
+    "signing key (PEM)",
+    ".sign.certSecret": 'is required: name the Secret whose key "cert" holds the signing '
+    "certificate the kernel is to trust",
+}
+
+
+def _advised(problem: Problem) -> Problem:
+    if problem.message != "is required":
+        return problem
+    advice = _REQUIRED.get(problem.path) or next(
+        (text for end, text in _REQUIRED_ENDING.items() if problem.path.endswith(end)), None
+    )
+    return Problem(problem.path, advice) if advice else problem
 
 
 def register_module_validators(registry: ValidatorRegistry) -> None:
@@ -68,12 +84,7 @@ def validate_module(obj: Mapping[str, Any]) -> list[Problem]:
         module = Module.model_validate(obj)
     except ValidationError as err:
         found = schema_problems(err, lambda name: _KMM_ONLY_FIELDS.get(name, ""))
-        return problems + [
-            Problem(p.path, _REQUIRED[p.path])
-            if p.message == "is required" and p.path in _REQUIRED
-            else p
-            for p in found
-        ]
+        return problems + [_advised(p) for p in found]
     return problems + check_module(module)
 
 
@@ -153,7 +164,7 @@ def _check_container(module: Module) -> list[Problem]:
         elif not container.container_image:
             problems.append(Problem(f"{path}.containerImage", module_api.MAPPING_IMAGE_MSG))
         problems += _check_build(mapping.build, path)
-    return problems + _check_modprobe(module)
+    return problems + _check_modprobe(module) + _check_signing(module)
 
 
 def _check_in_tree(
@@ -212,6 +223,53 @@ def _check_build(build: Build | None, owner_path: str) -> list[Problem]:
             check_template(arg.value, TEMPLATE_VARIABLES)
         except TemplateError as err:
             problems.append(Problem(f"{owner_path}.build.buildArgs[{index}].value", str(err)))
+    return problems
+
+
+def _check_signing(module: Module) -> list[Problem]:
+    """The sign sections: their files, their images, and something to sign for each mapping."""
+    container = module.spec.loader.container
+    name, namespace = module.metadata.name or "", module.metadata.namespace or ""
+    prefix = container.modprobe.dir_name.rstrip("/") + "/"
+    problems = []
+    owners = [(container.sign, CONTAINER_PATH)] + [
+        (mapping.sign, mapping_path(index))
+        for index, mapping in enumerate(container.kernel_mappings)
+    ]
+    for sign, owner in owners:
+        if sign is not None:
+            problems += _check_sign(sign, f"{owner}.sign", prefix, name, namespace)
+    for index, mapping in enumerate(container.kernel_mappings):
+        if container.sign is None and mapping.sign is None:
+            continue
+        path = mapping_path(index)
+        unsigned = (mapping.sign and mapping.sign.unsigned_image) or (
+            container.sign and container.sign.unsigned_image
+        )
+        if not unsigned and mapping.build is None and container.build is None:
+            problems.append(Problem(f"{path}.sign", module_api.SIGN_SOURCE_MSG))
+        image_path = (
+            f"{path}.containerImage"
+            if mapping.container_image
+            else f"{CONTAINER_PATH}.containerImage"
+        )
+        if "@" in (mapping.container_image or container.container_image or ""):
+            problems.append(Problem(image_path, module_api.SIGN_DIGEST_MSG))
+    return problems
+
+
+def _check_sign(sign: Sign, path: str, prefix: str, name: str, namespace: str) -> list[Problem]:
+    problems = []
+    if sign.unsigned_image:
+        problems += _check_image(sign.unsigned_image, f"{path}.unsignedImage", name, namespace)
+    for index, entry in enumerate(sign.files_to_sign):
+        entry_path = f"{path}.filesToSign[{index}]"
+        try:
+            check_template(entry, TEMPLATE_VARIABLES)
+        except TemplateError as err:
+            problems.append(Problem(entry_path, str(err)))
+        if not entry.startswith(prefix):
+            problems.append(Problem(entry_path, module_api.SIGN_DIR_MSG))
     return problems
 
 

@@ -193,6 +193,19 @@ def parse_challenges(header: str) -> list[Challenge]:
 # -- TLS ---------------------------------------------------------------------------
 
 
+def tls_flags(tls: RegistryTLS | None, push: bool) -> list[str]:
+    """``registryTLS`` as the flags kaniko and kmodkit-sign take, for pushing or pulling."""
+    if tls is None:
+        return []
+    suffix = "" if push else "-pull"
+    flags = []
+    if tls.insecure:
+        flags.append(f"--insecure{suffix}")
+    if tls.insecure_skip_tls_verify:
+        flags.append(f"--skip-tls-verify{suffix}")
+    return flags
+
+
 def ssl_context(tls: RegistryTLS | None, ca_bundle: str | None) -> ssl.SSLContext:
     """The system's trust store, plus ``ca_bundle`` (a private registry's CA) if given:
     adding it must not stop public registries from verifying."""

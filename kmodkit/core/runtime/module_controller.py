@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from kmodkit.core import labels
+from kmodkit.core.api import RegistryTLS
 from kmodkit.core.api.module import API_VERSION, GROUP, KIND, PLURAL, VERSION, Module
 from kmodkit.core.engine.build_plan import (
     BUILD_COMPONENT,
@@ -32,6 +33,7 @@ from kmodkit.core.engine.build_plan import (
     BuildSettings,
     build_job_view,
     plan_builds,
+    unsigned_images,
 )
 from kmodkit.core.engine.device_plugin import (
     DEVICE_PLUGIN_COMPONENT,
@@ -42,7 +44,6 @@ from kmodkit.core.engine.device_plugin import (
     plugin_labels,
 )
 from kmodkit.core.engine.images import parse_image_reference
-from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import (
     ImageState,
     LoaderPlan,
@@ -111,6 +112,7 @@ class ModuleControllerSettings:
                 builder_image=env.get(
                     "KMODKIT_BUILDER_IMAGE", "gcr.io/kaniko-project/executor:v1.23.2"
                 ),
+                signer_image=env.get("KMODKIT_SIGNER_IMAGE", "ghcr.io/kmodkit/signer:0.1.0"),
             ),
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
             recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),
@@ -256,7 +258,14 @@ class ModuleController:
             return None
         first = plan(module, nodes, pods, {}, self.settings.loader)
         succeeded = {j.image for j in jobs if j.succeeded}
-        existence = self._check_images(module, first.needed_images, succeeded)
+        needed = {image: r.registry_tls for image, r in first.needed_images.items()}
+        existence = self._check_images(module, needed, succeeded)
+        # A signed image the registry lacks is made from its unsigned one: ask for that too.
+        unsigned = {
+            image: r.sign.unsigned_image_registry_tls if r.sign else None
+            for image, r in unsigned_images(first.needed_images, existence).items()
+        }
+        existence |= self._check_images(module, unsigned, succeeded)
         builds = plan_builds(
             module,
             first.needed_images,
@@ -345,14 +354,15 @@ class ModuleController:
         return min(requeues, default=None)
 
     def _check_images(
-        self, module: Module, needed: Mapping[str, ResolvedMapping], just_built: Iterable[str]
+        self, module: Module, images: Mapping[str, RegistryTLS | None], just_built: Iterable[str]
     ) -> dict[str, Answer]:
+        """Whether each image exists, asked with its registry TLS settings (cached)."""
         trigger = str(module.spec.image_rebuild_trigger_generation or "")
         fresh = set(just_built)
         # The pull secret is read once per pass, and only if the registry is asked.
         secret = functools.cache(lambda: self._pull_secret(module))
         answers: dict[str, Answer] = {}
-        for image, resolved in needed.items():
+        for image, tls in images.items():
             cached = self.answers.get((image, trigger))
             if cached is not None and not (
                 image in fresh and cached.existence is not Existence.EXISTS
@@ -368,7 +378,7 @@ class ModuleController:
             answer = check(
                 image,
                 pull.credentials_for(parse_image_reference(image).registry),
-                resolved.registry_tls,
+                tls,
                 self.settings.registry_ca_bundle,
                 self.settings.registry_timeout_seconds,
             )

@@ -42,7 +42,6 @@ def test_rollout_is_refused_on_a_kmm_module() -> None:
     ("where", "field", "advice"),
     [
         (("spec",), "dra", "DRA"),
-        (("spec", "moduleLoader", "container"), "sign", "signing"),
         (("spec", "moduleLoader", "container"), "kernelMapings", "spelling"),
     ],
 )
