@@ -385,7 +385,7 @@ class Registry:
         )
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         try:
-            conn.request(method, target, body, dict(headers))
+            conn.request(method, target, body, {"User-Agent": "kmodkit-sign", **headers})
             return conn, conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()

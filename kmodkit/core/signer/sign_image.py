@@ -236,33 +236,33 @@ def _sign_modules(
     scratch: Path,
     log: Log,
 ) -> dict[str, bytes]:
-    signed: dict[str, bytes] = {}
+    contents: dict[str, bytes] = {}
     for n, path in enumerate(files):
         wanted = layers.wanted_in_layer(chosen, n)
-        if not wanted:
-            continue
-        for image_path, content in _contents(path, n, wanted).items():
-            sign_file.check_module(image_path, content)
-            unsigned = scratch / f"module-{len(signed)}.ko"
-            unsigned.write_bytes(content)
-            result = sign_file.sign(
-                checked.sign_file,
-                request.hash_algorithm,
-                request.key,
-                request.cert,
-                unsigned,
-                scratch / f"module-{len(signed)}.signed.ko",
-            )
-            signed[image_path] = result
-            log(
-                "signed",
-                path=image_path,
-                signer=checked.certificate.issuer_common_name,
-                subject=checked.certificate.subject,
-                serial=checked.certificate.serial,
-                hash=request.hash_algorithm,
-            )
-    return dict(sorted(signed.items()))
+        if wanted:
+            contents.update(_contents(path, n, wanted))
+    signed: dict[str, bytes] = {}
+    for number, image_path in enumerate(sorted(contents)):
+        sign_file.check_module(image_path, contents[image_path])
+        module = scratch / f"module-{number}.ko"
+        module.write_bytes(contents[image_path])
+        signed[image_path] = sign_file.sign(
+            checked.sign_file,
+            request.hash_algorithm,
+            request.key,
+            request.cert,
+            module,
+            scratch / f"module-{number}.signed.ko",
+        )
+        log(
+            "signed",
+            path=image_path,
+            signer=checked.certificate.issuer_common_name,
+            subject=checked.certificate.subject,
+            serial=checked.certificate.serial,
+            hash=request.hash_algorithm,
+        )
+    return signed
 
 
 def _contents(path: Path, n: int, wanted: dict[str, tuple[str, ...]]) -> dict[str, bytes]:
