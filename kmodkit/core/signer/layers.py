@@ -282,15 +282,18 @@ def select(fs: FileSystem, entries: Sequence[str]) -> list[Entry]:
 
 
 def _file(fs: FileSystem, entry: str, path: str, exact: bool) -> Entry | None:
+    # A glob passes over directories, devices, dangling links and link loops.
     try:
         real = fs.resolve(path)
     except ValueError as e:
+        if not exact:
+            return None
         raise SignerError(f"--file {entry}: {e}") from None
     found = fs.get(real)
     if found is not None and found.header.kind in (REGULAR, HARDLINK):
         return Entry(_at(found.header, real), found.layer)
     if not exact:
-        return None  # a glob passes over directories, dangling links and devices
+        return None
     if fs.is_dir(real):
         raise SignerError(
             f"--file {entry} is a directory; list its modules, or give a glob "
