@@ -86,7 +86,7 @@ def test_der_reads_as_pem_does() -> None:
     [
         (b"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n", "no CERTIFICATE"),
         (b"not a certificate", "not an X.509 certificate"),
-        (b"\n".join(SELF_SIGNED.splitlines()[:6] + [b"-----END CERTIFICATE-----"]), "not an X.509"),
+        (b"\n".join([*SELF_SIGNED.splitlines()[:6], b"-----END CERTIFICATE-----"]), "not an X.509"),
         (SELF_SIGNED.replace(b"MIID", b"M!ID"), "not base64"),
         (_der(SELF_SIGNED)[:200], "not an X.509 certificate"),
     ],

@@ -234,7 +234,7 @@ def test_a_directory_a_dangling_link_and_a_loop_fail_by_name() -> None:
 
 
 def test_entries_must_be_absolute_and_uncompressed() -> None:
-    with pytest.raises(UsageError, match="--file 'x.ko' is not an absolute path"):
+    with pytest.raises(UsageError, match=r"--file 'x\.ko' is not an absolute path"):
         check_entries(["x.ko"])
     with pytest.raises(UsageError, match="compressed module"):
         check_entries(["/opt/x.ko.xz"])
