@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from kmodkit.core.engine.registry import Credentials, ssl_context
+from kmodkit.core.signer.oci import Registry, Reuse
 from kmodkit_dev import registry as devregistry
 from tests.integration.oci_images import Client, Member, digest, layer, layer_files
 
@@ -211,13 +213,17 @@ def _modinfo(tmp_path: Path, content: bytes, field: str) -> str:
 
 
 def _no_key_in(data: bytes, keys: Keys, what: str) -> None:
-    """Neither the PEM text, nor a line of it, nor any 32 bytes of the key's DER."""
+    """Neither the PEM text, nor a line of it, nor any 32 bytes of the key's DER, raw or
+    in hex (base64 of it is the PEM's lines)."""
     assert keys.pem not in data, f"the PEM key is in {what}"
     for line in keys.pem.splitlines():
         if len(line) >= 32 and not line.startswith(b"-----"):
             assert line not in data, f"a line of the PEM key is in {what}"
+    lowered = data.lower()
     for start in range(0, len(keys.der) - 32, 8):
-        assert keys.der[start : start + 32] not in data, f"bytes of the DER key are in {what}"
+        window = keys.der[start : start + 32]
+        assert window not in data, f"bytes of the DER key are in {what}"
+        assert window.hex().encode() not in lowered, f"the DER key in hex is in {what}"
 
 
 def _requests(reg: devregistry.Registry) -> list[tuple[str, str, int]]:
@@ -505,11 +511,15 @@ def test_a_token_registry_gives_a_token_for_pull_and_push(
             "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
         )  # fmt: skip
         assert run.code == 0, run.stdout
-        assert ("kmodkit", ["repository:private/unsigned:pull"]) in reg.issuer.requests
-        assert (
-            "kmodkit",
-            ["repository:private/signed:pull,push", "repository:private/unsigned:pull"],
-        ) in reg.issuer.requests
+        # One token for the pull, one for the push and the mounts: asked for up front, so no
+        # request is refused and sent again.
+        assert reg.issuer.requests == [
+            ("kmodkit", ["repository:private/unsigned:pull"]),
+            (
+                "kmodkit",
+                ["repository:private/signed:pull,push", "repository:private/unsigned:pull"],
+            ),
+        ]
         reuse = [line["reuse"] for line in run.lines if line["event"] == "layer"]
         assert reuse == ["mounted", "mounted", "uploaded"]
         signed, _ = Client(reg).manifest("private/signed", kernel.version)
@@ -563,3 +573,37 @@ def test_the_signed_layer_is_a_plain_tar_the_runtime_can_apply(
     assert (extra / "kmodkit_test_dep.ko").read_bytes() == kernel.dep
     assert not (extra / "old.ko").exists()
     assert (root / "opt/README").read_bytes() == b"not a module\n"
+
+
+def test_a_mount_the_token_does_not_cover_gets_a_wider_token_and_is_not_refused(
+    tmp_path_factory: pytest.TempPathFactory, kernel: Kernel
+) -> None:
+    """The client asked for push on the target alone: the registry's 401 names the
+    source's pull scope too, and the client asks for a token with it once."""
+    reg = devregistry.start(
+        tmp_path_factory.mktemp("signer-widen-registry"),
+        "kmodkit",
+        secrets.token_urlsafe(16),
+        token_auth=True,
+    )
+    try:
+        data = _unsigned_layers(kernel)[1]
+        Client(reg).push_blob("source/repo", data)
+        assert reg.issuer is not None and reg.ca is not None
+        reg.issuer.requests.clear()
+        client = Registry(
+            reg.host,
+            Credentials(reg.username, reg.password),
+            ssl_context(None, str(reg.ca)),
+            plain_http=False,
+            scopes=("repository:target/repo:pull,push",),
+        )
+        assert client.push_blob("target/repo", digest(data), len(data), data, "source/repo") is (
+            Reuse.MOUNTED
+        )
+        assert [scopes for _, scopes in reg.issuer.requests] == [
+            ["repository:target/repo:pull,push"],
+            ["repository:target/repo:pull,push", "repository:source/repo:pull"],
+        ]
+    finally:
+        reg.stop()

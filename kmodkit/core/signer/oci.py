@@ -184,17 +184,29 @@ class Registry:
             return Reuse.PRESENT
         if head.status != 404:
             self._expect(head, (200, 404), f"checking {what}")
-        query = {"mount": digest, "from": mount_from} if mount_from else {}
-        start = self._call(
-            "POST",
-            f"/v2/{repository}/blobs/uploads/",
-            {"Content-Length": "0"},
-            query=query,
-            body=b"",
-            what=what,
-        )
-        if start.status == 201 and mount_from:
-            return Reuse.MOUNTED
+        start = None
+        if mount_from:
+            start = self._call(
+                "POST",
+                f"/v2/{repository}/blobs/uploads/",
+                {"Content-Length": "0"},
+                query={"mount": digest, "from": mount_from},
+                body=b"",
+                what=what,
+                denied_ok=True,
+            )
+            if start.status == 201:
+                return Reuse.MOUNTED
+            if start.status in (401, 403):
+                start = None  # no pull on the source for this login: upload instead
+        if start is None:
+            start = self._call(
+                "POST",
+                f"/v2/{repository}/blobs/uploads/",
+                {"Content-Length": "0"},
+                body=b"",
+                what=what,
+            )
         # 202: the registry would not mount (it may not share blobs between repositories)
         # and opened an upload instead.
         self._expect(start, (202,), f"starting the upload of {what}")
@@ -226,9 +238,12 @@ class Registry:
         body: bytes | None = None,
         limit: int = _MAX_ERROR_BODY,
         what: str,
+        denied_ok: bool = False,
     ) -> _Reply:
         url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        return self._call_url(method, url, headers, body=body, limit=limit, what=what)
+        return self._call_url(
+            method, url, headers, body=body, limit=limit, what=what, denied_ok=denied_ok
+        )
 
     def _call_url(
         self,
@@ -239,15 +254,26 @@ class Registry:
         body: bytes | IO[bytes] | None = None,
         limit: int = _MAX_ERROR_BODY,
         what: str,
+        denied_ok: bool = False,
     ) -> _Reply:
+        """One request, redirects followed for GET and HEAD; a 401 is a refused login
+        (or, with ``denied_ok``, the reply) once a wider token has been tried."""
         self._settle()
-        for _ in range(MAX_REDIRECTS + 1):
+        widened = False
+        for _ in range(MAX_REDIRECTS + 2):
             reply = self._exchange(method, url, self._headers(url, headers), body, limit, what)
             location = reply.headers.get("Location")
             if method in ("GET", "HEAD") and reply.status in _REDIRECTS and location:
                 url = self._redirect(url, location, what)
                 continue
             if reply.status == 401 and url_host(url) == self.host:
+                if not widened and self._widen(reply):
+                    widened = True
+                    if not isinstance(body, bytes | None):
+                        body.seek(0)
+                    continue
+                if denied_ok:
+                    return reply
                 raise self._refused(reply, what)
             return reply
         raise RegistryError(
@@ -278,6 +304,21 @@ class Registry:
             self._authorization = f"Bearer {self._token(bearer.params)}"
         elif "basic" in challenges and self.login is not None:
             self._authorization = "Basic " + basic_auth(self.login)
+
+    def _widen(self, reply: _Reply) -> bool:
+        """Get a token that adds the scopes a Bearer challenge asks for (a mount asks for
+        pull on its source too); False when it asks for nothing the token lacks."""
+        challenges = parse_challenges(", ".join(reply.headers.get_all("WWW-Authenticate", [])))
+        bearer = next((c for c in challenges if c.scheme == "bearer"), None)
+        if bearer is None or not bearer.params.get("realm"):
+            return False
+        asked = [s for s in bearer.params.get("scope", "").split(" ") if s]
+        missing = [s for s in asked if s not in self.scopes]
+        if not missing:
+            return False
+        self.scopes = (*self.scopes, *missing)
+        self._authorization = f"Bearer {self._token(bearer.params)}"
+        return True
 
     def _token(self, params: Mapping[str, str]) -> str:
         realm = params["realm"]
