@@ -174,9 +174,10 @@ def _sign(
     password: str = "",
     ca: bool = True,
     docker_config: bool = True,
+    logins: str = "",
 ) -> Run:
     config = tmp_path / "config.json"
-    config.write_text(reg.dockerconfigjson(password=password))
+    config.write_text(logins or reg.dockerconfigjson(password=password))
     termination = tmp_path / "termination-log"
     env = {k: v for k, v in os.environ.items() if k != "KMODKIT_REGISTRY_CA"}
     env["KMODKIT_TERMINATION_LOG"] = str(termination)
@@ -607,3 +608,50 @@ def test_a_mount_the_token_does_not_cover_gets_a_wider_token_and_is_not_refused(
         ]
     finally:
         reg.stop()
+
+
+def test_to_another_registry_the_unsigned_layers_are_uploaded_and_read_back_whole(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    registry: devregistry.Registry,
+    unsigned: str,
+    kernel: Kernel,
+    keys: Keys,
+) -> None:
+    assert registry.ca is not None
+    other = devregistry.start(
+        tmp_path_factory.mktemp("signer-other-registry"),
+        "kmodkit",
+        secrets.token_urlsafe(16),
+        pki_dir=registry.ca.parent,  # the same test CA, so one KMODKIT_REGISTRY_CA serves both
+        access_log=True,
+    )
+    try:
+        auths = {
+            **json.loads(registry.dockerconfigjson())["auths"],
+            **json.loads(other.dockerconfigjson())["auths"],
+        }
+        run = _sign(
+            tmp_path,
+            registry,
+            keys,
+            "--unsigned-image", unsigned,
+            "--image", f"{other.host}/drivers/signed:{kernel.version}",
+            "--file", f"/{_extra(kernel)}/*.ko",
+            logins=json.dumps({"auths": auths}),
+        )  # fmt: skip
+        assert run.code == 0, run.stdout
+        reuse = [line["reuse"] for line in run.lines if line["event"] == "layer"]
+        assert reuse == ["uploaded", "uploaded", "uploaded"]
+        unsigned_manifest, _ = Client(registry).manifest("drivers/unsigned", kernel.version)
+        signed, _ = Client(other).manifest("drivers/signed", kernel.version)
+        assert signed["layers"][:-1] == unsigned_manifest["layers"]
+        for descriptor in signed["layers"]:  # Client.blob checks each digest
+            assert (
+                len(Client(other).blob("drivers/signed", descriptor["digest"]))
+                == (descriptor["size"])
+            )
+        # No mount is tried across registries.
+        assert not [p for m, p, _ in _requests(other) if m == "POST" and "mount=" in p]
+    finally:
+        other.stop()
