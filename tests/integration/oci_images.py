@@ -165,8 +165,13 @@ class Client:
         request = urllib.request.Request(
             url, body, {**headers, **self._auth(repository)}, method=method
         )
-        context = ssl.create_default_context(cafile=str(self.registry.ca))
-        return urllib.request.urlopen(request, context=context, timeout=30)
+        return urllib.request.urlopen(request, context=self._context(), timeout=30)
+
+    def _context(self) -> ssl.SSLContext | None:
+        # None for a plain-HTTP registry, which has no CA.
+        return (
+            ssl.create_default_context(cafile=str(self.registry.ca)) if self.registry.ca else None
+        )
 
     def _auth(self, repository: str) -> dict[str, str]:
         user, password = self.registry.username, self.password or self.registry.password
@@ -181,7 +186,6 @@ class Client:
             request = urllib.request.Request(
                 f"{issuer.url}?{query}", headers={"Authorization": f"Basic {basic}"}
             )
-            context = ssl.create_default_context(cafile=str(self.registry.ca))
-            with urllib.request.urlopen(request, context=context, timeout=30) as reply:
+            with urllib.request.urlopen(request, context=self._context(), timeout=30) as reply:
                 self._tokens[repository] = json.loads(reply.read())["token"]
         return {"Authorization": f"Bearer {self._tokens[repository]}"}

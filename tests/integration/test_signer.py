@@ -655,3 +655,34 @@ def test_to_another_registry_the_unsigned_layers_are_uploaded_and_read_back_whol
         assert not [p for m, p, _ in _requests(other) if m == "POST" and "mount=" in p]
     finally:
         other.stop()
+
+
+def test_plain_http_is_used_only_when_chosen(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, kernel: Kernel, keys: Keys
+) -> None:
+    plain = devregistry.start(
+        tmp_path_factory.mktemp("signer-plain-registry"),
+        "kmodkit",
+        secrets.token_urlsafe(16),
+        tls=False,
+    )
+    try:
+        Client(plain).push_image("drivers/unsigned", kernel.version, _unsigned_layers(kernel))
+        args = (
+            "--unsigned-image", f"{plain.host}/drivers/unsigned:{kernel.version}",
+            "--image", f"{plain.host}/drivers/signed:{kernel.version}",
+            "--file", f"/{_extra(kernel)}/*.ko",
+        )  # fmt: skip
+        run = _sign(tmp_path, plain, keys, *args, ca=False)
+        assert run.code == 1
+        assert run.error == (
+            f"cannot talk TLS to registry {plain.host} (the API): WRONG_VERSION_NUMBER; if it "
+            "serves plain HTTP, choose that for it (--insecure for --image, --insecure-pull "
+            "for --unsigned-image)"
+        )
+        run = _sign(tmp_path, plain, keys, *args, "--insecure-pull", "--insecure", ca=False)
+        assert run.code == 0, run.stdout
+        signed, _ = Client(plain).manifest("drivers/signed", kernel.version)
+        assert len(signed["layers"]) == 3
+    finally:
+        plain.stop()

@@ -441,6 +441,12 @@ class Registry:
                 "CA in KMODKIT_REGISTRY_CA, or skip the check for this registry "
                 "(--skip-tls-verify for --image, --skip-tls-verify-pull for --unsigned-image)"
             )
+        if isinstance(e, ssl.SSLError):
+            return RegistryError(
+                f"cannot talk TLS to {where} ({what}): {e.reason or type(e).__name__}; if it "
+                "serves plain HTTP, choose that for it (--insecure for --image, "
+                "--insecure-pull for --unsigned-image)"
+            )
         if isinstance(e, TimeoutError):
             return RegistryError(f"{where} did not answer within {self.timeout:g}s ({what})")
         reason = getattr(e, "strerror", None) or type(e).__name__
