@@ -27,6 +27,9 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,14 @@ class Client:
         layers: list[bytes],
         architecture: str = "amd64",
         history: bool = True,
+        docker: bool = False,
     ) -> tuple[str, int]:
-        """Push an image of ``layers``; (manifest digest, size)."""
+        """Push an image of ``layers`` (OCI, or Docker schema 2); (manifest digest, size)."""
+        kind, config_kind, layer_kind = (
+            (DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER)
+            if docker
+            else (OCI_MANIFEST, OCI_CONFIG, OCI_LAYER)
+        )
         diff_ids = [digest(gzip.decompress(data)) for data in layers]
         config: dict[str, Any] = {
             "architecture": architecture,
@@ -102,19 +111,19 @@ class Client:
             self.push_blob(repository, data)
         manifest = {
             "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
+            "mediaType": kind,
             "config": {
-                "mediaType": OCI_CONFIG,
+                "mediaType": config_kind,
                 "digest": digest(config_body),
                 "size": len(config_body),
             },
             "layers": [
-                {"mediaType": OCI_LAYER, "digest": digest(data), "size": len(data)}
+                {"mediaType": layer_kind, "digest": digest(data), "size": len(data)}
                 for data in layers
             ],
         }
         body = json.dumps(manifest).encode()
-        self._request("PUT", repository, f"manifests/{tag}", body, {"Content-Type": OCI_MANIFEST})
+        self._request("PUT", repository, f"manifests/{tag}", body, {"Content-Type": kind})
         return digest(body), len(body)
 
     def push_index(self, repository: str, tag: str, manifests: list[tuple[str, int, str]]) -> None:
@@ -143,7 +152,7 @@ class Client:
                    {"Content-Type": "application/octet-stream"})  # fmt: skip
 
     def manifest(self, repository: str, reference: str) -> tuple[dict[str, Any], str]:
-        accept = f"{OCI_MANIFEST}, {OCI_INDEX}"
+        accept = f"{OCI_MANIFEST}, {OCI_INDEX}, {DOCKER_MANIFEST}"
         reply = self._request("GET", repository, f"manifests/{reference}", None, {"Accept": accept})
         body = reply.read()
         return json.loads(body), digest(body)

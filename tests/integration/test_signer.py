@@ -686,3 +686,29 @@ def test_plain_http_is_used_only_when_chosen(
         assert len(signed["layers"]) == 3
     finally:
         plain.stop()
+
+
+def test_a_docker_schema_2_image_gives_a_docker_schema_2_signed_image_without_history(
+    tmp_path: Path, registry: devregistry.Registry, kernel: Kernel, keys: Keys
+) -> None:
+    client = Client(registry)
+    client.push_image(
+        "drivers/docker", "unsigned", _unsigned_layers(kernel), history=False, docker=True
+    )
+    run = _sign(
+        tmp_path,
+        registry,
+        keys,
+        "--unsigned-image", f"{registry.host}/drivers/docker:unsigned",
+        "--image", f"{registry.host}/drivers/docker:signed",
+        "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
+    )  # fmt: skip
+    assert run.code == 0, run.stdout
+    signed, _ = client.manifest("drivers/docker", "signed")
+    assert signed["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    assert signed["config"]["mediaType"] == "application/vnd.docker.container.image.v1+json"
+    assert {d["mediaType"] for d in signed["layers"]} == {
+        "application/vnd.docker.image.rootfs.diff.tar.gzip"
+    }
+    config = json.loads(client.blob("drivers/docker", signed["config"]["digest"]))
+    assert "history" not in config and len(config["rootfs"]["diff_ids"]) == 3
