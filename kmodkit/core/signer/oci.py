@@ -6,7 +6,9 @@ existence check already has (challenges, logins, TLS) taken from
 before any request with a body: a ``GET /v2/`` answers with the challenge, and a
 Bearer challenge's realm gives a token for all the scopes the signer will use
 (``pull`` on the unsigned repository, ``pull,push`` on the signed one), so a
-blob is never sent twice because the first try lacked a token.
+blob is never sent twice because the first try lacked a token. A 401 whose
+challenge names scopes the token lacks gets one wider token; a mount the login
+may not make (no pull on the source) becomes an upload.
 
 Blob GETs follow redirects (registries hand blobs to object storage); a login
 or token is only ever sent to the registry it belongs to, and HTTPS is never

@@ -157,9 +157,9 @@ def _sign(request: Request, checked: _Checked, log: Log, scratch: Path) -> str:
         pull.get_blob(unsigned.repository, image.config.digest), "the unsigned image's config"
     )
 
-    files = [scratch / f"layer-{n}" for n in range(len(image.layers))]
+    layer_files = [scratch / f"layer-{n}" for n in range(len(image.layers))]
     fs = layers.FileSystem()
-    for n, (descriptor, path) in enumerate(zip(image.layers, files, strict=True)):
+    for n, (descriptor, path) in enumerate(zip(image.layers, layer_files, strict=True)):
         pull.download_blob(unsigned.repository, descriptor.digest, descriptor.size, path)
         fs.apply(_headers(path, n))
     chosen = layers.select(fs, checked.files)
@@ -171,7 +171,7 @@ def _sign(request: Request, checked: _Checked, log: Log, scratch: Path) -> str:
         modules=[e.header.path for e in chosen],
     )
 
-    signed = _sign_modules(request, checked, chosen, files, scratch, log)
+    signed = _sign_modules(request, checked, chosen, layer_files, scratch, log)
     blob = layers.signed_layer(fs, signed)
 
     push_scopes = [f"repository:{target.repository}:pull,push"]
@@ -179,7 +179,7 @@ def _sign(request: Request, checked: _Checked, log: Log, scratch: Path) -> str:
         push_scopes.append(f"repository:{unsigned.repository}:pull")  # to mount its blobs
     push = _registry(target, request.push_tls, request, checked.logins, tuple(push_scopes))
     mount_from = unsigned.repository if same_registry else None
-    for descriptor, path in zip(image.layers, files, strict=True):
+    for descriptor, path in zip(image.layers, layer_files, strict=True):
         how = push.push_blob(
             target.repository, descriptor.digest, descriptor.size, path, mount_from
         )
@@ -232,12 +232,13 @@ def _sign_modules(
     request: Request,
     checked: _Checked,
     chosen: list[layers.Entry],
-    files: list[Path],
+    layer_files: list[Path],
     scratch: Path,
     log: Log,
 ) -> dict[str, bytes]:
+    """Sign each chosen module, in path order: image path → signed content."""
     contents: dict[str, bytes] = {}
-    for n, path in enumerate(files):
+    for n, path in enumerate(layer_files):
         wanted = layers.wanted_in_layer(chosen, n)
         if wanted:
             contents.update(_contents(path, n, wanted))
@@ -286,7 +287,7 @@ def _contents(path: Path, n: int, wanted: dict[str, tuple[str, ...]]) -> dict[st
 
 
 def log_fields(request: Request) -> dict[str, Any]:
-    """What a start line says of a request: images and files, no secret paths' content."""
+    """What the start line says of a request."""
     return {
         "unsigned_image": request.unsigned_image,
         "image": request.image,
