@@ -90,12 +90,14 @@ def start(
     pki_dir: Path | None = None,
     token_auth: bool = False,
     anonymous: tuple[str, ...] = (),
+    access_log: bool = False,
 ) -> Registry:
     """Start a registry storing blobs under ``workdir``; TLS uses ``pki_dir``'s CA.
 
     With ``token_auth`` the registry trusts a token issuer started here (needs TLS),
     which grants everything to ``username`` and anonymous pulls of repositories
-    under the ``anonymous`` prefixes; otherwise it checks an htpasswd file.
+    under the ``anonymous`` prefixes; otherwise it checks an htpasswd file. With
+    ``access_log`` every request is a line of its log (tests count uploads with it).
     """
     import bcrypt
 
@@ -141,7 +143,7 @@ def start(
         }
     config = {
         "version": 0.1,
-        "log": {"level": "warn", "accesslog": {"disabled": True}},
+        "log": {"level": "warn", "accesslog": {"disabled": not access_log}},
         "storage": {
             "filesystem": {"rootdirectory": str(workdir / "data")},
             "delete": {"enabled": True},

@@ -7,7 +7,12 @@
 # Idempotent. Results are cached per kernel version under
 # ${KMODKIT_CACHE:-~/.cache/kmodkit}/kernel/<version>/; the last line printed
 # is that directory.
+#
+# `prepare.sh modules` stops after the headers (which bring sign-file, from
+# linux-kbuild-<version>) and the test modules: what the signer's tests need.
 set -eu
+
+mode=${1:-all}
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache_root=${KMODKIT_CACHE:-$HOME/.cache/kmodkit}/kernel
@@ -55,7 +60,11 @@ publish() {
 	mv "$1" "$2"
 }
 
-apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip
+if [ "$mode" = modules ]; then
+	apt_install kmod make gcc
+else
+	apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip
+fi
 
 version=$(kernel_version)
 if [ -z "$version" ]; then
@@ -70,7 +79,7 @@ say "kernel $version, cache $cache"
 apt_install "linux-headers-$version"
 headers=/usr/src/linux-headers-$version
 
-if [ ! -f "$cache/image/boot/vmlinuz-$version" ]; then
+if [ "$mode" != modules ] && [ ! -f "$cache/image/boot/vmlinuz-$version" ]; then
 	say "downloading linux-image-$version"
 	scratch=$(mktemp -d "$cache/.image.XXXXXX")
 	(cd "$scratch" && apt-get download -q "linux-image-$version" >&2 2>&1)
@@ -94,6 +103,11 @@ if [ ! -d "$driver" ]; then
 	cp "$scratch"/*.ko "$scratch/opt/lib/modules/$version/extra/"
 	chmod 0755 "$scratch"
 	publish "$scratch" "$driver"
+fi
+ln -sfn "$(basename "$driver")" "$cache/driver"
+if [ "$mode" = modules ]; then
+	echo "$cache"
+	exit 0
 fi
 
 init_hash=$(cat "$here/vm_init.sh" | md5sum | cut -c1-16)
@@ -123,6 +137,5 @@ if [ ! -f "$initramfs" ]; then
 	rm -rf "$scratch"
 fi
 
-ln -sfn "$(basename "$driver")" "$cache/driver"
 ln -sfn "$(basename "$initramfs")" "$cache/initramfs.cpio.gz"
 echo "$cache"

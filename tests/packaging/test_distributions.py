@@ -79,6 +79,7 @@ def test_the_product_declares_its_backends_and_commands(product: zipfile.ZipFile
     assert "intel_xe = kmodkit.backends.intel_xe:backend" in text
     assert "tenstorrent = kmodkit.backends.tenstorrent:backend" in text
     assert "kmodkit = kmodkit.core.cli.main:main" in text
+    assert "kmodkit-sign = kmodkit.core.signer.cli:main" in text  # what the signing Job runs
 
 
 def test_the_agent_distribution_holds_the_agent_alone(tree: Path, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT_SECONDS = 5.0
 MAX_REDIRECTS = 5
 _MAX_BODY = 1 << 20  # a token response is a few KiB; never read a stranger's stream whole
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_MANIFEST_TYPES = ", ".join(
+MANIFEST_ACCEPT = ", ".join(  # every manifest kind kmodkit reads, for an Accept header
     (
         "application/vnd.oci.image.index.v1+json",
         "application/vnd.oci.image.manifest.v1+json",
@@ -114,11 +114,18 @@ def read_pull_secret(name: str, data: Mapping[str, str]) -> PullSecret:
 
 
 def _logins(encoded: str, nested: bool) -> dict[str, Credentials]:
-    # Messages name keys and positions only: never a byte of the Secret's content.
     try:
         text = base64.b64decode(encoded, validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         raise ValueError("is not base64 of UTF-8 text") from None
+    return parse_docker_config(text, nested)
+
+
+def parse_docker_config(text: str, nested: bool = True) -> dict[str, Credentials]:
+    """The logins (registry host → login) of a Docker config JSON: ``{"auths": {...}}``, or
+    without ``nested`` the older ``.dockercfg`` map. Raises ValueError saying what is wrong,
+    to be prefixed with the file or key it came from."""
+    # Messages name keys and positions only: never a byte of the config's content.
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
@@ -304,8 +311,8 @@ class _Session:
         """The final status of a manifest HEAD, and the host that gave it."""
         challenged: set[str] = set()
         for _ in range(MAX_REDIRECTS + 1):
-            here = _host(url)
-            headers = {"Accept": _MANIFEST_TYPES}
+            here = url_host(url)
+            headers = {"Accept": MANIFEST_ACCEPT}
             if here in self.authorization:
                 headers["Authorization"] = self.authorization[here]
             response = self._request("HEAD", url, headers)
@@ -344,7 +351,7 @@ class _Session:
             token = self._token(challenges["bearer"], login, url)
             return None if token is None else f"Bearer {token}"
         if "basic" in challenges and login is not None:
-            return "Basic " + _basic(login)
+            return "Basic " + basic_auth(login)
         return None
 
     def _token(self, challenge: Challenge, login: Credentials | None, url: str) -> str | None:
@@ -358,13 +365,13 @@ class _Session:
         query = [("service", challenge.params["service"])] if "service" in challenge.params else []
         query.append(("scope", challenge.params.get("scope") or _pull_scope(url)))
         sep = "&" if parts.query else "?"
-        headers = {"Authorization": "Basic " + _basic(login)} if login is not None else {}
+        headers = {"Authorization": "Basic " + basic_auth(login)} if login is not None else {}
         response = self._request("GET", realm + sep + urllib.parse.urlencode(query), headers)
         if response.status in (401, 403):
             return None
         if response.status != 200:
             raise _Unreachable(
-                f"token service {_host(realm)} of registry {self.registry} answered "
+                f"token service {url_host(realm)} of registry {self.registry} answered "
                 f"HTTP {response.status}"
             )
         try:
@@ -374,16 +381,17 @@ class _Session:
             token = None
         if not isinstance(token, str) or not token:
             raise _Unreachable(
-                f"token service {_host(realm)} of registry {self.registry} answered without a token"
+                f"token service {url_host(realm)} of registry {self.registry} answered "
+                "without a token"
             )
         return token
 
     def _request(self, method: str, url: str, headers: Mapping[str, str]) -> _Response:
         parts = urllib.parse.urlsplit(url)
         where = (
-            f"registry {_host(url)}"
-            if _host(url) == self.registry
-            else f"{_host(url)} (for registry {self.registry})"
+            f"registry {url_host(url)}"
+            if url_host(url) == self.registry
+            else f"{url_host(url)} (for registry {self.registry})"
         )
         timed_out = _Unreachable(f"{where} did not answer within {self.timeout:g}s")
         remaining = self.deadline - time.monotonic()
@@ -439,13 +447,15 @@ def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-def _host(url: str) -> str:
-    # host[:port] without any user:password@ a redirect or realm might carry: it names
+def url_host(url: str) -> str:
+    """host[:port] of ``url``."""
+    # Without any user:password@ a redirect or realm might carry: it names
     # hosts in details and keys the Authorization kept per host.
     return urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
 
 
-def _basic(login: Credentials) -> str:
+def basic_auth(login: Credentials) -> str:
+    """The credentials part of a ``Basic`` Authorization header."""
     return base64.b64encode(f"{login.username}:{login.password}".encode()).decode()
 
 

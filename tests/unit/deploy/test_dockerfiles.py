@@ -131,7 +131,7 @@ def test_dockerfile_entrypoint_exists(path: Path) -> None:
         assert placed, f"{where}: nothing in the image puts {program} there"
 
 
-@pytest.mark.parametrize("name", ["operator", "agent"])
+@pytest.mark.parametrize("name", ["operator", "agent", "signer"])
 def test_our_images_are_lean_and_least_privileged(name: str) -> None:
     path = ROOT / "dockerfiles" / name / "Dockerfile"
     instructions = parse(path)
@@ -143,11 +143,14 @@ def test_our_images_are_lean_and_least_privileged(name: str) -> None:
     if "apt-get install" in text:
         assert "--no-install-recommends" in text and "rm -rf /var/lib/apt/lists" in text
     users = [ins.args for ins in final if ins.keyword == "USER"]
-    if name == "operator":
-        assert users and users[-1].split(":")[0] not in ("0", "root"), "operator runs as root"
-    else:
+    if name == "agent":
         # Loading modules needs root; the agent image carries the kmod tools.
         assert re.search(r"\bkmod\b", text), "the agent image lacks the kmod tools"
+    else:
+        assert users and users[-1].split(":")[0] not in ("0", "root"), f"{name} runs as root"
+    if name == "signer":
+        # sign-file is in Debian's linux-kbuild; signing needs no privilege.
+        assert re.search(r"\blinux-kbuild-[0-9.]+\b", text), "the signer image lacks sign-file"
 
 
 # What each image built from this repository may take from it: the operator the
@@ -156,6 +159,7 @@ def test_our_images_are_lean_and_least_privileged(name: str) -> None:
 IMAGE_SOURCES = {
     "operator": {"pyproject.toml", "README.md", "kmodkit"},
     "agent": {"agent/pyproject.toml", "kmodkit/agent"},
+    "signer": {"pyproject.toml", "README.md", "kmodkit"},
     "tenstorrent/builder": {
         "agent/pyproject.toml",
         "kmodkit/agent",
