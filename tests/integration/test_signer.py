@@ -31,28 +31,21 @@ from kmodkit.core.engine.registry import Credentials, ssl_context
 from kmodkit.core.signer.oci import Registry, Reuse
 from kmodkit_dev import registry as devregistry
 from tests.integration.oci_images import Client, Member, digest, layer, layer_files
+from tests.integration.signing_support import (
+    MAGIC,
+    SIGNER_CN,
+    Kernel,
+    Keys,
+    extra_dir,
+    make_keys,
+    no_key_in,
+    prepare_kernel,
+    unsigned_layers,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
-MAGIC = b"~Module signature appended~\n"
-SIGNER_CN = "kmodkit test signing key"
-
-
-@dataclass(frozen=True)
-class Kernel:
-    version: str
-    dev: bytes  # kmodkit_test_dev.ko
-    dep: bytes  # kmodkit_test_dep.ko
-
-
-@dataclass(frozen=True)
-class Keys:
-    key: Path
-    cert: Path
-    pem: bytes
-    der: bytes
-    serial: str  # as modinfo prints sig_key
 
 
 @dataclass(frozen=True)
@@ -75,46 +68,12 @@ class Run:
 
 @pytest.fixture(scope="module")
 def kernel() -> Kernel:
-    done = subprocess.run(
-        ["sh", str(REPO / "tests/kernel/prepare.sh"), "modules"],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"tests/kernel/prepare.sh modules failed:\n{done.stderr[-4000:]}")
-    cache = Path(done.stdout.strip().splitlines()[-1])
-    driver = cache / "driver"
-    return Kernel(
-        cache.name,
-        (driver / "kmodkit_test_dev.ko").read_bytes(),
-        (driver / "kmodkit_test_dep.ko").read_bytes(),
-    )
+    return prepare_kernel()
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    where = tmp_path_factory.mktemp("keys")
-    key, cert = where / "key.pem", where / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-         "-subj", f"/CN={SIGNER_CN}/O=kmodkit tests", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    der = subprocess.run(
-        ["openssl", "pkey", "-in", str(key), "-outform", "DER"], check=True, capture_output=True
-    ).stdout
-    serial = subprocess.run(
-        ["openssl", "x509", "-in", str(cert), "-noout", "-serial"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    hex_serial = serial.split("=", 1)[1]
-    hex_serial = hex_serial.zfill(len(hex_serial) + len(hex_serial) % 2)
-    return Keys(key, cert, key.read_bytes(), der, ":".join(re.findall("..", hex_serial)))
+    return make_keys(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="module")
@@ -127,42 +86,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devregistry.R
         reg.stop()
 
 
-def _extra(kernel: Kernel) -> str:
-    return f"opt/lib/modules/{kernel.version}/extra"
-
-
-def _unsigned_layers(kernel: Kernel) -> list[bytes]:
-    """Two layers: the modules (one later deleted), then a whiteout and more files."""
-    extra = _extra(kernel)
-    base = layer(
-        [
-            Member("etc", None, 0o755),
-            Member("etc/os-release", b"ID=debian\n"),
-            Member("opt", None, 0o755),
-            Member("opt/lib", None, 0o755),
-            Member("opt/lib/modules", None, 0o755),
-            Member(f"opt/lib/modules/{kernel.version}", None, 0o755),
-            Member(extra, None, 0o750, uid=1000, gid=1001),
-            Member(f"{extra}/kmodkit_test_dev.ko", kernel.dev, 0o640, uid=1000, gid=1001),
-            Member(f"{extra}/kmodkit_test_dep.ko", kernel.dep, 0o644),
-            Member(f"{extra}/old.ko", kernel.dep, 0o644),
-            Member("opt/README", b"not a module\n"),
-        ]
-    )
-    top = layer(
-        [
-            Member(f"{extra}/.wh.old.ko", b""),
-            Member(
-                f"opt/lib/modules/{kernel.version}/modules.dep", b"extra/kmodkit_test_dev.ko:\n"
-            ),
-        ]
-    )
-    return [base, top]
-
-
 @pytest.fixture(scope="module")
 def unsigned(registry: devregistry.Registry, kernel: Kernel) -> str:
-    Client(registry).push_image("drivers/unsigned", kernel.version, _unsigned_layers(kernel))
+    Client(registry).push_image("drivers/unsigned", kernel.version, unsigned_layers(kernel))
     return f"{registry.host}/drivers/unsigned:{kernel.version}"
 
 
@@ -213,20 +139,6 @@ def _modinfo(tmp_path: Path, content: bytes, field: str) -> str:
     ).stdout.strip()
 
 
-def _no_key_in(data: bytes, keys: Keys, what: str) -> None:
-    """Neither the PEM text, nor a line of it, nor any 32 bytes of the key's DER, raw or
-    in hex (base64 of it is the PEM's lines)."""
-    assert keys.pem not in data, f"the PEM key is in {what}"
-    for line in keys.pem.splitlines():
-        if len(line) >= 32 and not line.startswith(b"-----"):
-            assert line not in data, f"a line of the PEM key is in {what}"
-    lowered = data.lower()
-    for start in range(0, len(keys.der) - 32, 8):
-        window = keys.der[start : start + 32]
-        assert window not in data, f"bytes of the DER key are in {what}"
-        assert window.hex().encode() not in lowered, f"the DER key in hex is in {what}"
-
-
 def _requests(reg: devregistry.Registry) -> list[tuple[str, str, int]]:
     """(method, path with query, status) of every request in the registry's access log."""
     found = re.findall(r'"([A-Z]+) (\S+) HTTP/[0-9.]+" (\d{3})', reg.log.read_text())
@@ -239,7 +151,7 @@ def _requests(reg: devregistry.Registry) -> list[tuple[str, str, int]]:
 def test_listed_modules_are_signed_into_one_new_layer_over_the_unsigned_ones(
     tmp_path: Path, registry: devregistry.Registry, unsigned: str, kernel: Kernel, keys: Keys
 ) -> None:
-    extra = _extra(kernel)
+    extra = extra_dir(kernel)
     run = _sign(
         tmp_path,
         registry,
@@ -312,7 +224,7 @@ def test_no_pushed_blob_and_no_log_line_holds_the_private_key(
         keys,
         "--unsigned-image", unsigned,
         "--image", f"{registry.host}/drivers/scanned:{kernel.version}",
-        "--file", f"/{_extra(kernel)}/*.ko",
+        "--file", f"/{extra_dir(kernel)}/*.ko",
     )  # fmt: skip
     assert run.code == 0, run.stdout + run.stderr
     client = Client(registry)
@@ -320,14 +232,14 @@ def test_no_pushed_blob_and_no_log_line_holds_the_private_key(
     blobs = [manifest["config"]["digest"], *(d["digest"] for d in manifest["layers"])]
     for blob_digest in blobs:
         data = client.blob("drivers/scanned", blob_digest)
-        _no_key_in(data, keys, f"blob {blob_digest}")
+        no_key_in(data, keys, f"blob {blob_digest}")
         if data[:2] == b"\x1f\x8b":
-            _no_key_in(zlib.decompress(data, 31), keys, f"blob {blob_digest}, uncompressed")
+            no_key_in(zlib.decompress(data, 31), keys, f"blob {blob_digest}, uncompressed")
     # Also every blob the registry stores, whatever manifest names it.
     for stored in (registry.log.parent / "data").rglob("data"):
         if stored.is_file():
-            _no_key_in(stored.read_bytes(), keys, str(stored))
-    _no_key_in((run.stdout + run.stderr).encode(), keys, "the output")
+            no_key_in(stored.read_bytes(), keys, str(stored))
+    no_key_in((run.stdout + run.stderr).encode(), keys, "the output")
 
 
 def test_a_glob_signs_what_it_matches_and_not_what_a_whiteout_deleted(
@@ -344,14 +256,14 @@ def test_a_glob_signs_what_it_matches_and_not_what_a_whiteout_deleted(
     assert run.code == 0, run.stdout + run.stderr
     _, top = _signed_layer(registry, "drivers/globbed", kernel.version)
     files = {path for path, (info, _) in layer_files(top).items() if info.isfile()}
-    extra = _extra(kernel)
+    extra = extra_dir(kernel)
     assert files == {f"{extra}/kmodkit_test_dev.ko", f"{extra}/kmodkit_test_dep.ko"}
 
 
 def test_an_entry_that_matches_nothing_fails_naming_it_and_the_modules_held(
     tmp_path: Path, registry: devregistry.Registry, unsigned: str, kernel: Kernel, keys: Keys
 ) -> None:
-    extra = _extra(kernel)
+    extra = extra_dir(kernel)
     for entry in ("/opt/lib/modules/*/extra/missing*.ko", f"/{extra}/old.ko"):
         run = _sign(
             tmp_path,
@@ -382,7 +294,7 @@ def test_a_wrong_password_fails_naming_the_user_and_never_the_password(
         keys,
         "--unsigned-image", unsigned,
         "--image", f"{registry.host}/drivers/wrong:{kernel.version}",
-        "--file", f"/{_extra(kernel)}/*.ko",
+        "--file", f"/{extra_dir(kernel)}/*.ko",
         password=wrong,
     )  # fmt: skip
     assert run.code == 1
@@ -401,7 +313,7 @@ def test_tls_is_verified_unless_skipped_for_that_direction(
     args = (
         "--unsigned-image", unsigned,
         "--image", f"{registry.host}/drivers/tls:{kernel.version}",
-        "--file", f"/{_extra(kernel)}/*.ko",
+        "--file", f"/{extra_dir(kernel)}/*.ko",
     )  # fmt: skip
     run = _sign(tmp_path, registry, keys, *args, ca=False)
     assert run.code == 1
@@ -422,12 +334,12 @@ def test_an_index_gives_the_manifest_of_the_platform_asked_for(
     tmp_path: Path, registry: devregistry.Registry, kernel: Kernel, keys: Keys
 ) -> None:
     client = Client(registry)
-    extra = _extra(kernel)
+    extra = extra_dir(kernel)
     pushed = []
     for arch in ("amd64", "arm64"):
         marker = layer([Member(f"opt/{arch}", b"")])
         d, size = client.push_image(
-            "drivers/multi", f"{arch}-only", [*_unsigned_layers(kernel), marker], arch
+            "drivers/multi", f"{arch}-only", [*unsigned_layers(kernel), marker], arch
         )
         pushed.append((d, size, arch))
     client.push_index("drivers/multi", "index", pushed)
@@ -469,7 +381,7 @@ def test_unsigned_layers_are_mounted_not_uploaded_and_a_second_run_pushes_nothin
     args = (
         "--unsigned-image", unsigned,
         "--image", f"{registry.host}/other/reused:{kernel.version}",
-        "--file", f"/{_extra(kernel)}/*.ko",
+        "--file", f"/{extra_dir(kernel)}/*.ko",
     )  # fmt: skip
     run = _sign(tmp_path, registry, keys, *args)
     assert run.code == 0, run.stdout
@@ -500,7 +412,7 @@ def test_a_token_registry_gives_a_token_for_pull_and_push(
         token_auth=True,
     )
     try:
-        Client(reg).push_image("private/unsigned", kernel.version, _unsigned_layers(kernel))
+        Client(reg).push_image("private/unsigned", kernel.version, unsigned_layers(kernel))
         assert reg.issuer is not None
         reg.issuer.requests.clear()
         run = _sign(
@@ -509,7 +421,7 @@ def test_a_token_registry_gives_a_token_for_pull_and_push(
             keys,
             "--unsigned-image", f"{reg.host}/private/unsigned:{kernel.version}",
             "--image", f"{reg.host}/private/signed:{kernel.version}",
-            "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
+            "--file", f"/{extra_dir(kernel)}/kmodkit_test_dev.ko",
         )  # fmt: skip
         assert run.code == 0, run.stdout
         # One token for the pull, one for the push and the mounts: asked for up front, so no
@@ -532,7 +444,7 @@ def test_a_token_registry_gives_a_token_for_pull_and_push(
             keys,
             "--unsigned-image", f"{reg.host}/private/unsigned:{kernel.version}",
             "--image", f"{reg.host}/private/signed:{kernel.version}",
-            "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
+            "--file", f"/{extra_dir(kernel)}/kmodkit_test_dev.ko",
             docker_config=False,
         )  # fmt: skip
         assert run.code == 1
@@ -552,7 +464,7 @@ def test_the_signed_layer_is_a_plain_tar_the_runtime_can_apply(
         keys,
         "--unsigned-image", unsigned,
         "--image", f"{registry.host}/drivers/applied:{kernel.version}",
-        "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
+        "--file", f"/{extra_dir(kernel)}/kmodkit_test_dev.ko",
     )  # fmt: skip
     assert run.code == 0, run.stdout
     client = Client(registry)
@@ -569,7 +481,7 @@ def test_the_signed_layer_is_a_plain_tar_the_runtime_can_apply(
                     (root / name.parent / name.name[4:]).unlink()
                     continue
                 tar.extract(member, root, filter="fully_trusted")
-    extra = root / _extra(kernel)
+    extra = root / extra_dir(kernel)
     assert (extra / "kmodkit_test_dev.ko").read_bytes().endswith(MAGIC)
     assert (extra / "kmodkit_test_dep.ko").read_bytes() == kernel.dep
     assert not (extra / "old.ko").exists()
@@ -588,7 +500,7 @@ def test_a_mount_the_token_does_not_cover_gets_a_wider_token_and_is_not_refused(
         token_auth=True,
     )
     try:
-        data = _unsigned_layers(kernel)[1]
+        data = unsigned_layers(kernel)[1]
         Client(reg).push_blob("source/repo", data)
         assert reg.issuer is not None and reg.ca is not None
         reg.issuer.requests.clear()
@@ -637,7 +549,7 @@ def test_to_another_registry_the_unsigned_layers_are_uploaded_and_read_back_whol
             keys,
             "--unsigned-image", unsigned,
             "--image", f"{other.host}/drivers/signed:{kernel.version}",
-            "--file", f"/{_extra(kernel)}/*.ko",
+            "--file", f"/{extra_dir(kernel)}/*.ko",
             logins=json.dumps({"auths": auths}),
         )  # fmt: skip
         assert run.code == 0, run.stdout
@@ -667,11 +579,11 @@ def test_plain_http_is_used_only_when_chosen(
         tls=False,
     )
     try:
-        Client(plain).push_image("drivers/unsigned", kernel.version, _unsigned_layers(kernel))
+        Client(plain).push_image("drivers/unsigned", kernel.version, unsigned_layers(kernel))
         args = (
             "--unsigned-image", f"{plain.host}/drivers/unsigned:{kernel.version}",
             "--image", f"{plain.host}/drivers/signed:{kernel.version}",
-            "--file", f"/{_extra(kernel)}/*.ko",
+            "--file", f"/{extra_dir(kernel)}/*.ko",
         )  # fmt: skip
         run = _sign(tmp_path, plain, keys, *args, ca=False)
         assert run.code == 1
@@ -693,7 +605,7 @@ def test_a_docker_schema_2_image_gives_a_docker_schema_2_signed_image_without_hi
 ) -> None:
     client = Client(registry)
     client.push_image(
-        "drivers/docker", "unsigned", _unsigned_layers(kernel), history=False, docker=True
+        "drivers/docker", "unsigned", unsigned_layers(kernel), history=False, docker=True
     )
     run = _sign(
         tmp_path,
@@ -701,7 +613,7 @@ def test_a_docker_schema_2_image_gives_a_docker_schema_2_signed_image_without_hi
         keys,
         "--unsigned-image", f"{registry.host}/drivers/docker:unsigned",
         "--image", f"{registry.host}/drivers/docker:signed",
-        "--file", f"/{_extra(kernel)}/kmodkit_test_dev.ko",
+        "--file", f"/{extra_dir(kernel)}/kmodkit_test_dev.ko",
     )  # fmt: skip
     assert run.code == 0, run.stdout
     signed, _ = client.manifest("drivers/docker", "signed")

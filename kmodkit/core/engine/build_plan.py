@@ -58,6 +58,8 @@ _EVENT_PREFIX = {BUILD: "Build", SIGN: "Sign"}
 _NOT_CHECKED = Answer(Existence.UNKNOWN, "not checked yet")
 # How long a finished build may take to show up in the registry.
 PUSH_GRACE_SECONDS = 60.0
+PUSH_RECHECK_SECONDS = 5.0
+"""How often the registry is asked, in that grace, for the image a finished Job pushed."""
 MAX_CANDIDATE_NODES = 50
 
 
@@ -222,7 +224,7 @@ def _next_step(
             ImageState.UNKNOWN, f"the unsigned image {sign.unsigned_image}: {unsigned.detail}"
         )
     if resolved.build is not None:
-        return BUILD, sign.unsigned_image
+        return BUILD, resolved.build_target
     return ImageStatus(
         ImageState.MISSING, f"the unsigned image {sign.unsigned_image} does not exist either"
     )
@@ -302,7 +304,8 @@ def plan_builds(
             out.states[image] = ImageStatus(
                 building, f"{job.name} finished; waiting for the registry"
             )
-            _wake(out, PUSH_GRACE_SECONDS - (now - job.finished_at))
+            # Nothing is watched in the registry: ask again soon, not only at the grace's end.
+            _wake(out, min(PUSH_RECHECK_SECONDS, PUSH_GRACE_SECONDS - (now - job.finished_at)))
             continue
         elif job is not None:
             if job.failed:
