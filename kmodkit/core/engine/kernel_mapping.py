@@ -238,27 +238,28 @@ def _resolved_sign(
         unsigned = f"{reference.name}:{tag}"
     else:
         raise ResolveError(f"{mapping_path(index)}.sign", SIGN_SOURCE_MSG)
-    # Merged, the container's files come first: each keeps the path of the field it came from.
-    sources = [
-        (f"{owner_path}.sign.filesToSign[{position}]", entry)
+    # The merge puts the container's files first: each is named by the field it came from.
+    paths = [
+        f"{owner_path}.sign.filesToSign[{position}]"
         for owner_path, part in (
             (CONTAINER_PATH, container.sign),
             (mapping_path(index), mapping.sign),
         )
         if part is not None
-        for position, entry in enumerate(part.files_to_sign)
+        for position in range(len(part.files_to_sign))
     ]
     prefix = container.modprobe.dir_name.rstrip("/") + "/"
-    for path, entry in sources:
+    files = []
+    for path, entry in zip(paths, sign.files_to_sign, strict=True):
         if not entry.startswith(prefix):
             raise ResolveError(path, SIGN_DIR_MSG)
-    files = tuple(_substitute(entry, path_values, path) for path, entry in sources)
+        files.append(_substitute(entry, path_values, path))
     return ResolvedSign(
         unsigned_image=unsigned,
         unsigned_image_registry_tls=sign.unsigned_image_registry_tls,
         key_secret=sign.key_secret.name,
         cert_secret=sign.cert_secret.name,
-        files_to_sign=files,
+        files_to_sign=tuple(files),
     )
 
 
