@@ -42,7 +42,11 @@ from kmodkit.core.api.module import (
     MAX_BUILD_ARGS,
     MAX_KERNEL_MAPPINGS,
     MAX_NAME_AND_NAMESPACE,
+    SIGN_DIGEST_MSG,
+    SIGN_DIR_MSG,
+    SIGN_SOURCE_MSG,
     BuildArg,
+    Sign,
 )
 from kmodkit.core.api.module import NAME_RE as MODULE_NAME_RE
 from kmodkit.core.api.status import DEGRADED, PROGRESSING, READY, Condition
@@ -144,6 +148,10 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, not sorted)
     "READY",
     # The Module a backend may emit (kmodkit's engine or upstream KMM).
     "BuildArg",
+    "Sign",
+    "SIGN_DIGEST_MSG",
+    "SIGN_DIR_MSG",
+    "SIGN_SOURCE_MSG",
     "IMAGE_TAG_OR_DIGEST_CEL",
     "KMM_API_VERSION",
     "MAX_BUILD_ARGS",

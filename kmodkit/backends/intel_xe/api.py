@@ -25,6 +25,9 @@ from kmodkit.sdk import (
     MAX_BUILD_ARGS,
     MAX_KERNEL_MAPPINGS,
     MAX_NAME_AND_NAMESPACE,
+    SIGN_DIGEST_MSG,
+    SIGN_DIR_MSG,
+    SIGN_SOURCE_MSG,
     BuildArg,
     Condition,
     ImageRef,
@@ -35,6 +38,7 @@ from kmodkit.sdk import (
     ObjectName,
     RegistryTLS,
     ShortName,
+    Sign,
     Text,
     Toleration,
     cel,
@@ -298,6 +302,8 @@ class KernelMappingSpec(KubeModel):
     """Driver image for these kernels; template variables such as $KERNEL_FULL_VERSION apply."""
     build: BuildSpec | None = None
     """Build the image in-cluster when the registry does not have it."""
+    sign: Sign | None = None
+    """Sign the driver's modules for Secure Boot (KMM's sign, merged over kernelModule.sign)."""
     in_tree_modules_to_remove: list[ShortName] | None = Field(default=None, max_length=64)
     """In-tree modules to unload besides moduleName, which is always unloaded."""
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
@@ -330,6 +336,35 @@ class KernelModuleSpec(KubeModel):
                 ORDER_DUPLICATE_MSG,
                 subject="kernelModule.modulesLoadingOrder",
                 field_path=".modulesLoadingOrder",
+            ),
+            # The driver image's modules are under /opt, the Module's default dirName.
+            cel(
+                "!has(self.sign) || self.sign.filesToSign.all(f, f.startsWith('/opt/'))",
+                SIGN_DIR_MSG,
+                subject="kernelModule.sign.filesToSign",
+                field_path=".sign.filesToSign",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !has(m.sign) "
+                "|| m.sign.filesToSign.all(f, f.startsWith('/opt/')))",
+                SIGN_DIR_MSG,
+                subject="kernelModule.kernelMappings[].sign.filesToSign",
+                field_path=".kernelMappings",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !(has(self.sign) || has(m.sign)) "
+                "|| (has(m.sign) && has(m.sign.unsignedImage)) "
+                "|| (has(self.sign) && has(self.sign.unsignedImage)) || has(m.build))",
+                SIGN_SOURCE_MSG,
+                subject="kernelModule.kernelMappings[].sign",
+                field_path=".kernelMappings",
+            ),
+            cel(
+                "self.kernelMappings.all(m, !(has(self.sign) || has(m.sign)) "
+                "|| !m.containerImage.contains('@'))",
+                SIGN_DIGEST_MSG,
+                subject="kernelModule.kernelMappings[].containerImage",
+                field_path=".kernelMappings",
             ),
         )
     )
@@ -380,6 +415,8 @@ class KernelModuleSpec(KubeModel):
     """Directory in the driver image whose files are copied to the host's firmware path."""
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
     """Registry TLS for every mapping that does not set its own."""
+    sign: Sign | None = None
+    """Sign the driver's modules for Secure Boot (KMM's sign), for every mapping."""
 
 
 class ClusterPolicySpec(KubeModel):

@@ -50,6 +50,8 @@ def _mapping(
         if mapping.build.secrets:
             build["secrets"] = [s.to_wire() for s in mapping.build.secrets]
         out["build"] = build
+    if mapping.sign is not None:
+        out["sign"] = mapping.sign.to_wire()
     return out
 
 
@@ -79,6 +81,8 @@ def module_manifest(
         container["version"] = km.version
     if km.registry_tls is not None:
         container["registryTLS"] = _tls(km.registry_tls)
+    if km.sign is not None:
+        container["sign"] = km.sign.to_wire()
     loader: dict[str, Any] = {"container": container}
     if account := settings.get(keys.MODULE_LOADER_SERVICE_ACCOUNT):
         loader["serviceAccountName"] = account

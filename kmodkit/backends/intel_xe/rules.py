@@ -22,6 +22,9 @@ from kmodkit.sdk import (
     LABEL_VALUE_RE,
     MAX_NAME_AND_NAMESPACE,
     QUALIFIED_NAME_RE,
+    SIGN_DIGEST_MSG,
+    SIGN_DIR_MSG,
+    SIGN_SOURCE_MSG,
     TEMPLATE_VARIABLES,
     TOLERATION_EMPTY_KEY_MSG,
     TOLERATION_EQUAL_VALUE_MSG,
@@ -168,7 +171,32 @@ def kernel_module_problems(km: api.KernelModuleSpec) -> list[Problem]:
         problems.append(Problem(f"{KM}.firmwarePath", api.FIRMWARE_PATH_MSG))
     for index, mapping in enumerate(km.kernel_mappings):
         problems += _mapping_problems(f"{KM}.kernelMappings[{index}]", mapping)
-    return problems + _order_problems(km)
+    return problems + _order_problems(km) + _sign_problems(km)
+
+
+def _sign_problems(km: api.KernelModuleSpec) -> list[Problem]:
+    """Files under /opt, templates that name known variables, something to sign per mapping."""
+    problems = []
+    owners = [(f"{KM}.sign", km.sign)] + [
+        (f"{KM}.kernelMappings[{i}].sign", m.sign) for i, m in enumerate(km.kernel_mappings)
+    ]
+    for path, sign in owners:
+        for index, entry in enumerate(sign.files_to_sign if sign else []):
+            try:
+                check_template(entry, TEMPLATE_VARIABLES)
+            except TemplateError as err:
+                problems.append(Problem(f"{path}.filesToSign[{index}]", str(err)))
+            if not entry.startswith("/opt/"):
+                problems.append(Problem(f"{path}.filesToSign[{index}]", SIGN_DIR_MSG))
+    for index, mapping in enumerate(km.kernel_mappings):
+        signs = [s for s in (km.sign, mapping.sign) if s is not None]
+        if signs and mapping.build is None and not any(s.unsigned_image for s in signs):
+            problems.append(Problem(f"{KM}.kernelMappings[{index}].sign", SIGN_SOURCE_MSG))
+        if signs and "@" in mapping.container_image:
+            problems.append(
+                Problem(f"{KM}.kernelMappings[{index}].containerImage", SIGN_DIGEST_MSG)
+            )
+    return problems
 
 
 def _mapping_problems(path: str, mapping: api.KernelMappingSpec) -> list[Problem]:

@@ -12,7 +12,12 @@ from typing import Any
 
 from kmodkit.backends.intel_xe import api
 from kmodkit.core.api.common import TOLERATION_EMPTY_KEY_MSG
-from kmodkit.core.api.module import UNKNOWN_VARIABLE_MSG
+from kmodkit.core.api.module import (
+    SIGN_DIGEST_MSG,
+    SIGN_DIR_MSG,
+    SIGN_SOURCE_MSG,
+    UNKNOWN_VARIABLE_MSG,
+)
 
 MAPPING = "spec.kernelModule.kernelMappings[0]"
 
@@ -153,7 +158,45 @@ SPEC_CASES = [
     ),
 ]
 
+
+def _sign(**fields: Any) -> dict[str, Any]:
+    return {
+        "keySecret": {"name": "k"},
+        "certSecret": {"name": "c"},
+        "filesToSign": ["/opt/lib/modules/$KERNEL_FULL_VERSION/updates/xe.ko"],
+        **fields,
+    }
+
+
 MAPPING_CASES = [
+    Case(
+        "sign-nothing-to-sign",
+        _mapping(sign=_sign()),
+        f"{MAPPING}.sign",
+        SIGN_SOURCE_MSG,
+        f"kernelModule.kernelMappings[].sign: {SIGN_SOURCE_MSG}",
+    ),
+    Case(
+        "sign-image-pinned-by-digest",
+        _mapping(
+            containerImage="reg.local/xe@sha256:" + "a" * 64,
+            sign=_sign(unsignedImage="reg.local/u:1"),
+        ),
+        f"{MAPPING}.containerImage",
+        SIGN_DIGEST_MSG,
+        f"kernelModule.kernelMappings[].containerImage: {SIGN_DIGEST_MSG}",
+    ),
+    Case(
+        "sign-file-outside-opt",
+        {
+            "kernelModule": kernel_module(
+                sign=_sign(unsignedImage="reg.local/xe-u:v1", filesToSign=["/lib/modules/xe.ko"])
+            )
+        },
+        "spec.kernelModule.sign.filesToSign[0]",
+        SIGN_DIR_MSG,
+        f"kernelModule.sign.filesToSign: {SIGN_DIR_MSG}",
+    ),
     Case(
         "regexp-empty",
         _mapping(regexp=""),

@@ -93,6 +93,11 @@ def every_field_policy() -> dict[str, Any]:
                             ],
                             "secrets": [{"name": "xe-source-token"}],
                         },
+                        "sign": {
+                            "keySecret": {"name": "xe-signing-key"},
+                            "certSecret": {"name": "xe-signing-cert"},
+                            "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/updates/*.ko"],
+                        },
                     },
                     {
                         "regexp": "^6[.]8[.]",
@@ -106,6 +111,20 @@ def every_field_policy() -> dict[str, Any]:
             },
         },
     }
+
+
+def signed_policy() -> dict[str, Any]:
+    """The minimal policy, its driver signed from an unsigned image (kernelModule.sign)."""
+    policy = minimal_policy()
+    policy["metadata"]["name"] = "xe-signed"
+    policy["spec"]["kernelModule"]["sign"] = {
+        "unsignedImage": "registry.example.com/intel/xe-unsigned:$KERNEL_FULL_VERSION",
+        "unsignedImageRegistryTLS": {"insecureSkipTLSVerify": True},
+        "keySecret": {"name": "xe-signing-key"},
+        "certSecret": {"name": "xe-signing-cert"},
+        "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/updates/xe.ko"],
+    }
+    return policy
 
 
 def updated_policy(policy: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +146,7 @@ POLICIES: dict[str, Callable[[], dict[str, Any]]] = {
     "sample": sample_policy,
     "minimal": minimal_policy,
     "every-field": every_field_policy,
+    "signed": signed_policy,
 }
 
 

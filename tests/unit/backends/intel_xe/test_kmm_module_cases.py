@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kmodkit.backends.intel_xe.selectors import NFD_GPU_PCI_LABEL
+from kmodkit.core.engine.module_rules import validate_module
 from tests.unit.backends.intel_xe.kmm_module_cases import (
     DIGEST,
     LOADER_ACCOUNT,
@@ -20,6 +21,7 @@ from tests.unit.backends.intel_xe.kmm_module_cases import (
     cluster_view,
     every_field_policy,
     kmm_module,
+    signed_policy,
     updated_policy,
 )
 
@@ -61,6 +63,21 @@ def test_the_every_field_policy_sends_every_field() -> None:
     ]
     assert by_digest["containerImage"].endswith(f"@{DIGEST}")
     assert by_tag_and_digest["containerImage"].endswith(f":v1@{DIGEST}")
+    assert built["sign"] == {
+        "keySecret": {"name": "xe-signing-key"},
+        "certSecret": {"name": "xe-signing-cert"},
+        "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/updates/*.ko"],
+    }
+
+
+def test_the_signed_policy_signs_every_mapping_from_its_unsigned_image() -> None:
+    module = kmm_module(signed_policy(), cluster_view("kmodkit-system", None))
+    # The built-in engine takes the same body under its own apiVersion, sign and all.
+    assert validate_module({**module, "apiVersion": "kmodkit.io/v1alpha1"}) == []
+    container = module["spec"]["moduleLoader"]["container"]
+    sign = signed_policy()["spec"]["kernelModule"]["sign"]
+    sign["unsignedImageRegistryTLS"]["insecure"] = False  # the model's default, written out
+    assert container["sign"] == sign
 
 
 def test_the_update_is_applied_to_the_live_module_in_place() -> None:
