@@ -374,12 +374,8 @@ class _Session:
                 f"token service {url_host(realm)} of registry {self.registry} answered "
                 f"HTTP {response.status}"
             )
-        try:
-            reply = json.loads(response.body)
-            token = reply.get("token") or reply.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
-        if not isinstance(token, str) or not token:
+        token = token_in(response.body)
+        if token is None:
             raise _Unreachable(
                 f"token service {url_host(realm)} of registry {self.registry} answered "
                 "without a token"
@@ -436,6 +432,16 @@ class _Session:
             # (a status line, no end of headers) must not pass for one.
             raise timed_out
         return _Response(response.status, response.headers, body)
+
+
+def token_in(body: bytes) -> str | None:
+    """The token of a token service's answer (``token`` or OAuth's ``access_token``)."""
+    try:
+        reply = json.loads(body)
+        token = reply.get("token") or reply.get("access_token")
+    except (ValueError, AttributeError):
+        return None
+    return token if isinstance(token, str) and token else None
 
 
 def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:

@@ -34,6 +34,7 @@ from kmodkit.core.engine.registry import (
     Credentials,
     basic_auth,
     parse_challenges,
+    token_in,
     url_host,
 )
 from kmodkit.core.signer.errors import SignerError
@@ -342,12 +343,8 @@ class Registry:
                 f"token service {url_host(realm)} of registry {self.host} answered HTTP "
                 f"{reply.status}"
             )
-        try:
-            answer = json.loads(reply.body)
-            token = answer.get("token") or answer.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
-        if not isinstance(token, str) or not token:
+        token = token_in(reply.body)
+        if token is None:
             raise RegistryError(
                 f"token service {url_host(realm)} of registry {self.host} answered without a token"
             )
