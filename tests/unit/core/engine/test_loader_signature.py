@@ -58,8 +58,10 @@ def test_the_view_keeps_the_agents_exit_code_and_message(now: bool) -> None:
 
 def test_only_the_agent_containers_exit_counts() -> None:
     extractor = {"name": "module-extractor", "state": {"terminated": {"exitCode": 6}}}
-    pod = observed(init=[extractor])
+    sidecar = {"name": "sidecar", "state": {"terminated": {"exitCode": 6, "message": "x"}}}
+    pod = observed(sidecar, init=[extractor])
     assert (pod.agent_exit_code, pod.agent_message) == (0, "")
+    assert load_failure(pod)[0] == "LoadFailed"
 
 
 def test_the_signature_code_gives_its_own_reason_with_the_agents_message() -> None:
