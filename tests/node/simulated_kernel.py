@@ -272,7 +272,9 @@ class SimulatedKernel:
         # As modprobe -v: each insert is printed before it is tried, so what was printed
         # when one fails ends with the file that failed.
         printed: list[str] = []
-        inserts = [(d, []) for d in reversed(deps) if kname(Path(d).stem) not in self.modules]
+        inserts: list[tuple[str, list[str]]] = [
+            (d, []) for d in reversed(deps) if kname(Path(d).stem) not in self.modules
+        ]
         for file, params in [*inserts, (relpath, parameters)]:
             printed.append(f"insmod {modules_dir / file} {' '.join(params)}".strip() + "\n")
             try:
