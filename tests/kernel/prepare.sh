@@ -2,7 +2,10 @@
 # Prepare the real-kernel test tier from Debian's archive: qemu and busybox, the
 # current Debian kernel image (extracted, never installed: its hooks want a
 # bootloader) and its headers, our test module pair built against them, and a
-# busybox initramfs that mounts this machine's root over virtio-9p.
+# busybox initramfs that mounts this machine's root over virtio-9p. For the
+# signature boot: two test signers (key and certificate, made with openssl), the
+# test modules signed by each with the kernel's sign-file, OVMF, and an OVMF
+# variable store whose db holds the first signer's certificate.
 #
 # Idempotent. Results are cached per kernel version under
 # ${KMODKIT_CACHE:-~/.cache/kmodkit}/kernel/<version>/; the last line printed
@@ -55,7 +58,7 @@ publish() {
 	mv "$1" "$2"
 }
 
-apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip
+apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip openssl ovmf keyutils
 
 version=$(kernel_version)
 if [ -z "$version" ]; then
@@ -96,6 +99,55 @@ if [ ! -d "$driver" ]; then
 	publish "$scratch" "$driver"
 fi
 
+# The signers and the modules they signed are one cache entry: a new key always
+# comes with modules signed by it. Bump the recipe tag when the recipe changes.
+signed=$cache/signed-$sources_hash-r2
+if [ ! -d "$signed" ]; then
+	say "making the test signers and signing the test modules"
+	sign_file=$headers/scripts/sign-file
+	[ -x "$sign_file" ] || { say "$sign_file is missing (linux-kbuild)"; exit 1; }
+	vars_tool=$(dirname "${KMODKIT_PYTHON:-python3}")/virt-fw-vars
+	[ -x "$vars_tool" ] || vars_tool=$(command -v virt-fw-vars || true)
+	[ -n "$vars_tool" ] || {
+		say "virt-fw-vars (PyPI virt-firmware, in the dev extras) is missing: pip install -e '.[dev]'"
+		exit 1
+	}
+	[ -f /usr/share/OVMF/OVMF_VARS_4M.fd ] || { say "ovmf's OVMF_VARS_4M.fd is missing"; exit 1; }
+	scratch=$(mktemp -d "$cache/.signed.XXXXXX")
+	# Fixed serials (high bit clear, so DER adds no leading zero): modinfo's sig_key
+	# for a sign-file signature is the signer's serial, so the test knows it.
+	make_signer() { # name serial common-name
+		openssl req -new -x509 -newkey rsa:2048 -nodes -sha256 -days 36500 \
+			-set_serial "0x$2" -subj "/CN=$3/" \
+			-addext "basicConstraints=critical,CA:FALSE" \
+			-addext "keyUsage=digitalSignature" -addext "extendedKeyUsage=codeSigning" \
+			-keyout "$scratch/$1.key" -out "$scratch/$1.pem" 2>/dev/null
+		openssl x509 -in "$scratch/$1.pem" -outform DER -out "$scratch/$1.der"
+		mkdir -p "$scratch/$1/opt/lib/modules/$version/extra"
+		for ko in "$driver"/opt/lib/modules/"$version"/extra/*.ko; do
+			out=$scratch/$1/opt/lib/modules/$version/extra/$(basename "$ko")
+			"$sign_file" sha256 "$scratch/$1.key" "$scratch/$1.der" "$ko" "$out"
+		done
+		key=$(echo "$2" | tr a-f A-F | sed 's/../&:/g; s/:$//')
+		printf '"%s": {"signer": "%s", "sig_key": "%s"}' "$1" "$3" "$key" >>"$scratch/signers.json"
+	}
+	printf '{' >"$scratch/signers.json"
+	make_signer trusted 6b6d6f646b6974 "kmodkit test signer"
+	printf ', ' >>"$scratch/signers.json"
+	make_signer untrusted 756e74727573746564 "kmodkit untrusted test signer"
+	printf '}\n' >>"$scratch/signers.json"
+	# The firmware's variables: the trusted signer's certificate in db. With Secure
+	# Boot off the kernel still loads db into its .platform keyring, and Debian's
+	# kernel trusts that keyring for module signatures. MOKs are no route here: the
+	# kernel reads MokListRT only when Secure Boot is on (load_uefi.c), and without
+	# shim's MOK config table it would put them in .platform all the same.
+	"$vars_tool" -i /usr/share/OVMF/OVMF_VARS_4M.fd \
+		--add-db 6b6d6f64-6b69-7400-0000-000000000001 "$scratch/trusted.pem" \
+		-o "$scratch/OVMF_VARS.fd" >&2 2>&1
+	chmod 0755 "$scratch"
+	publish "$scratch" "$signed"
+fi
+
 init_hash=$(cat "$here/vm_init.sh" | md5sum | cut -c1-16)
 initramfs=$cache/initramfs-$init_hash.cpio.gz
 if [ ! -f "$initramfs" ]; then
@@ -124,5 +176,6 @@ if [ ! -f "$initramfs" ]; then
 fi
 
 ln -sfn "$(basename "$driver")" "$cache/driver"
+ln -sfn "$(basename "$signed")" "$cache/signed"
 ln -sfn "$(basename "$initramfs")" "$cache/initramfs.cpio.gz"
 echo "$cache"
