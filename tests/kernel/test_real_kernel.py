@@ -67,6 +67,7 @@ def kernel_cache() -> Path:
 SIGNATURE_CHECKS = [
     "sig_enforce_under_efi",
     "unsigned_refused_with_signature_reason",
+    "refusal_names_the_dependency_modprobe_inserted",
     "signed_module_names_our_signer",
     "untrusted_signed_refused",
     "our_key_is_trusted",

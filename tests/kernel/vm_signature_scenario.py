@@ -39,23 +39,27 @@ FIRMWARE = WORK / "image-firmware"
 KEYRINGS = (".builtin_trusted_keys", ".secondary_trusted_keys", ".machine", ".platform")
 
 
-def image(variant: str) -> Path:
+def image(name: str, variant: str) -> Path:
     """A writable copy of one variant of the test modules (the agent runs depmod in it)."""
     source = DRIVER / "opt" if variant == "unsigned" else SIGNED / variant / "opt"
-    target = WORK / variant / "opt"
+    target = WORK / name / "opt"
     shutil.copytree(source, target)
     return target
 
 
-def config(variant: str) -> Path:
-    path = WORK / f"agent-{variant}.json"
+def config(variant: str, *, ordered: bool = True) -> Path:
+    """The agent's configuration for one variant: with the pair's loading order, or the
+    top module alone (modprobe then inserts the dependency itself)."""
+    name = f"{variant}-{'ordered' if ordered else 'alone'}"
+    order = {"modulesLoadingOrder": [TOP, DEP]} if ordered else {}
+    path = WORK / f"agent-{name}.json"
     path.write_text(
         json.dumps(
             {
                 "modprobe": {
                     "moduleName": TOP,
-                    "dirName": str(image(variant)),
-                    "modulesLoadingOrder": [TOP, DEP],
+                    "dirName": str(image(name, variant)),
+                    **order,
                     "firmwarePath": str(FIRMWARE),
                 },
                 "version": "1.2.3",
@@ -116,8 +120,10 @@ def sig_enforced() -> tuple[bool, object]:
     return value == "Y" and efi, {"sig_enforce": value, "efi": efi}
 
 
-def refusal(variant: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
-    code, records = agent(config(variant), "load")
+def refusal(
+    variant: str, *, ordered: bool = True
+) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+    code, records = agent(config(variant, ordered=ordered), "load")
     rejected = events(records, "load.signature_rejected")
     return code, (rejected[0] if rejected else {}), records
 
@@ -128,11 +134,25 @@ def unsigned_refused_with_signature_reason() -> tuple[bool, object]:
     ok = (
         code == 6
         and rejected.get("module") == DEP
+        and str(rejected.get("file")).endswith(f"/extra/{DEP}.ko")
         and rejected.get("errno") == "EKEYREJECTED"
         and rejected.get("signed") is False
         and "modinfo: unsigned" in message
         and "Loading of unsigned module is rejected" in rejected.get("kernel_messages", [])
         and DEP not in loaded()
+    )
+    return ok, ({"exit": code, "rejected": rejected} if ok else {"exit": code, "records": records})
+
+
+def refusal_names_the_dependency_modprobe_inserted() -> tuple[bool, object]:
+    # One modprobe of the top module inserts the dependency first: the refused file is
+    # the last one modprobe -v printed before the kernel said no.
+    code, rejected, records = refusal("unsigned", ordered=False)
+    ok = (
+        code == 6
+        and rejected.get("module") == DEP
+        and str(rejected.get("file")).endswith(f"/extra/{DEP}.ko")
+        and rejected.get("argv", [])[-1:] == [TOP]
     )
     return ok, ({"exit": code, "rejected": rejected} if ok else {"exit": code, "records": records})
 
@@ -199,6 +219,10 @@ def main() -> None:
     (FIRMWARE / "kmodkit-test" / "fw.bin").write_bytes(b"\0" * 64)
     check("sig_enforce_under_efi", sig_enforced)
     check("unsigned_refused_with_signature_reason", unsigned_refused_with_signature_reason)
+    check(
+        "refusal_names_the_dependency_modprobe_inserted",
+        refusal_names_the_dependency_modprobe_inserted,
+    )
     check("signed_module_names_our_signer", signed_module_names_our_signer)
     check("untrusted_signed_refused", untrusted_signed_refused)
     check("our_key_is_trusted", our_key_is_trusted)
