@@ -4,8 +4,9 @@
 # bootloader) and its headers, our test module pair built against them, and a
 # busybox initramfs that mounts this machine's root over virtio-9p. For the
 # signature boot: two test signers (key and certificate, made with openssl), the
-# test modules signed by each with the kernel's sign-file, OVMF, and an OVMF
-# variable store whose db holds the first signer's certificate.
+# test modules signed by each with the kernel's sign-file, OVMF, the kernel signed
+# with a test platform key, and an OVMF variable store with Secure Boot on, that
+# platform key enrolled and the first signer as a Machine Owner Key.
 #
 # Idempotent. Results are cached per kernel version under
 # ${KMODKIT_CACHE:-~/.cache/kmodkit}/kernel/<version>/; the last line printed
@@ -58,7 +59,7 @@ publish() {
 	mv "$1" "$2"
 }
 
-apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip openssl ovmf keyutils
+apt_install qemu-system-x86 busybox-static kmod make gcc cpio gzip openssl ovmf keyutils sbsigntool
 
 version=$(kernel_version)
 if [ -z "$version" ]; then
@@ -101,7 +102,7 @@ fi
 
 # The signers and the modules they signed are one cache entry: a new key always
 # comes with modules signed by it. Bump the recipe tag when the recipe changes.
-signed=$cache/signed-$sources_hash-r2
+signed=$cache/signed-$sources_hash-r3
 if [ ! -d "$signed" ]; then
 	say "making the test signers and signing the test modules"
 	sign_file=$headers/scripts/sign-file
@@ -136,14 +137,32 @@ if [ ! -d "$signed" ]; then
 	printf ', ' >>"$scratch/signers.json"
 	make_signer untrusted 756e74727573746564 "kmodkit untrusted test signer"
 	printf '}\n' >>"$scratch/signers.json"
-	# The firmware's variables: the trusted signer's certificate in db. With Secure
-	# Boot off the kernel still loads db into its .platform keyring, and Debian's
-	# kernel trusts that keyring for module signatures. MOKs are no route here: the
-	# kernel reads MokListRT only when Secure Boot is on (load_uefi.c), and without
-	# shim's MOK config table it would put them in .platform all the same.
-	"$vars_tool" -i /usr/share/OVMF/OVMF_VARS_4M.fd \
-		--add-db 6b6d6f64-6b69-7400-0000-000000000001 "$scratch/trusted.pem" \
+	# Secure Boot with our own platform key (PK, KEK and db): the kernel is signed
+	# with it (sbsign adds our signature beside Debian's), so OVMF's Secure Boot
+	# build boots it. The trusted signer is a Machine Owner Key: MokList as
+	# mokutil/MokManager leave it, and MokListRT, the runtime copy shim makes at
+	# each boot and the kernel reads (no shim runs here, so the store holds it).
+	openssl req -new -x509 -newkey rsa:2048 -nodes -sha256 -days 36500 \
+		-subj "/CN=kmodkit test platform key/" \
+		-keyout "$scratch/platform.key" -out "$scratch/platform.pem" 2>/dev/null
+	sbsign --key "$scratch/platform.key" --cert "$scratch/platform.pem" \
+		--output "$scratch/vmlinuz" "$cache/image/boot/vmlinuz-$version" >&2 2>&1
+	owner=6b6d6f64-6b69-7400-0000-000000000001
+	"$vars_tool" -i /usr/share/OVMF/OVMF_VARS_4M.fd --set-pk "$owner" "$scratch/platform.pem" \
+		--add-kek "$owner" "$scratch/platform.pem" --add-db "$owner" "$scratch/platform.pem" \
+		--add-mok "$owner" "$scratch/trusted.pem" --secure-boot \
+		--output-json "$scratch/vars.json" -o "$scratch/vars-mok.fd" >&2 2>&1
+	"${KMODKIT_PYTHON:-python3}" - "$scratch/vars.json" "$scratch/moklist-rt.json" <<-'EOF'
+		import json, sys
+		variables = json.load(open(sys.argv[1]))["variables"]
+		mok = next(v for v in variables if v["name"] == "MokList")
+		runtime = 0x7  # non-volatile, boot services, runtime: the kernel reads it
+		copy = {"name": "MokListRT", "guid": mok["guid"], "attr": runtime, "data": mok["data"]}
+		json.dump({"version": 2, "variables": [copy]}, open(sys.argv[2], "w"))
+	EOF
+	"$vars_tool" -i "$scratch/vars-mok.fd" --set-json "$scratch/moklist-rt.json" \
 		-o "$scratch/OVMF_VARS.fd" >&2 2>&1
+	rm -f "$scratch/vars-mok.fd" "$scratch/vars.json" "$scratch/moklist-rt.json"
 	chmod 0755 "$scratch"
 	publish "$scratch" "$signed"
 fi

@@ -5,8 +5,8 @@ builds our test module pair and an initramfs (cached per kernel version). The VM
 mounts this machine's root read-only over virtio-9p and runs
 ``vm_scenario.py`` with this interpreter, so the agent under test is this
 checkout. Two boots serve every test here: the plain one (``vm_scenario.py``),
-and the signature boot (``vm_signature_scenario.py``: ``module.sig_enforce=1``
-under OVMF, with the test signer's certificate in the firmware's variables).
+and the signature boot (``vm_signature_scenario.py``: Secure Boot on under OVMF,
+``module.sig_enforce=1``, the test signer a Machine Owner Key).
 Each test asserts one check a scenario reported on the console.
 """
 
@@ -62,22 +62,29 @@ def kernel_cache() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-# The signature boot: module.sig_enforce=1 under OVMF, whose variable store holds the
-# trusted test signer's certificate (prepare.sh).
+# The signature boot: Secure Boot on (OVMF's Secure Boot build, our test platform
+# key enrolled, the kernel signed with it), the trusted test signer a Machine Owner
+# Key, and module.sig_enforce=1 (prepare.sh).
 SIGNATURE_CHECKS = [
-    "sig_enforce_under_efi",
+    "sig_enforce_under_secure_boot",
     "unsigned_refused_with_signature_reason",
     "refusal_names_the_dependency_modprobe_inserted",
     "signed_module_names_our_signer",
     "untrusted_signed_refused",
-    "our_key_is_trusted",
+    "our_key_is_a_trusted_machine_owner_key",
     "trusted_signed_loads",
 ]
-OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+# The Secure Boot build needs SMM, and its variable flash writable only from SMM.
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
 
 
 def boot(
-    kernel_cache: Path, *, append: list[str], firmware: list[str] | None = None
+    kernel_cache: Path,
+    *,
+    append: list[str],
+    machine: str = "accel=tcg",
+    firmware: list[str] | None = None,
+    kernel: Path | None = None,
 ) -> dict[str, Any]:
     """Boot the test kernel once and collect the checks its scenario reported."""
     python = Path(sys.executable)
@@ -89,7 +96,7 @@ def boot(
     # KVM can hang), and this tier's time budget is set for it.
     command = [
         "qemu-system-x86_64",
-        "-machine", "accel=tcg",
+        "-machine", machine,
         "-cpu", "max",
         "-m", "768",
         "-smp", "1",
@@ -98,7 +105,7 @@ def boot(
         "-nic", "none",
         "-no-reboot",
         *(firmware or []),
-        "-kernel", str(kernel_cache / "image" / "boot" / f"vmlinuz-{version}"),
+        "-kernel", str(kernel or kernel_cache / "image" / "boot" / f"vmlinuz-{version}"),
         "-initrd", str(kernel_cache / "initramfs.cpio.gz"),
         "-append",
         " ".join(
@@ -148,11 +155,14 @@ def signature_checks(
     variables = tmp_path_factory.mktemp("ovmf") / "OVMF_VARS.fd"
     shutil.copyfile(kernel_cache / "signed" / "OVMF_VARS.fd", variables)
     firmware = [
+        "-global", "driver=cfi.pflash01,property=secure,value=on",
         "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
         "-drive", f"if=pflash,format=raw,unit=1,file={variables}",
     ]  # fmt: skip
     return boot(
         kernel_cache,
+        machine="q35,smm=on,accel=tcg",
+        kernel=kernel_cache / "signed" / "vmlinuz",
         append=[
             "module.sig_enforce=1",
             "KMODKIT_SCENARIO=vm_signature_scenario.py",
