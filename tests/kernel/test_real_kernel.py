@@ -41,7 +41,8 @@ CHECKS = [
 ]
 
 # Bounds, not expectations: on 2 cores without KVM a cold prepare takes 2-4
-# minutes (apt, a 70 MB kernel package) and the VM run about 2 (4 with both cores busy).
+# minutes (apt, a 70 MB kernel package) and the VM run about 2 (4 with both cores busy);
+# the signature boot about 40 s (OVMF with SMM adds little). Each boot has the QEMU bound.
 PREPARE_TIMEOUT_SECONDS = 540
 QEMU_TIMEOUT_SECONDS = 480
 
