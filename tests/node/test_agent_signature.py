@@ -11,6 +11,7 @@ from kmodkit.agent import cli
 from kmodkit.agent.cli import main
 from kmodkit.agent.errors import AgentError, ExitCode, SignatureRejected
 from tests.node.harness import DEP, TOP, Node
+from tests.node.test_agent_build_cache import _build_config
 
 SIGNER = "kmodkit test signer"
 KEY = "3F:0A:91:C2"
@@ -116,3 +117,19 @@ def test_the_cli_exits_with_the_signature_code_and_leaves_the_reason(
     assert result.exit_code == ExitCode.SIGNATURE_REJECTED == 6
     assert '"event": "load.signature_rejected"' in result.output
     assert last_words.read_text().startswith("the kernel refused the signature of module")
+
+
+def test_a_module_built_on_the_node_is_named_by_its_cache_file(node: Node) -> None:
+    node.write_host(f"/lib/modules/{node.kernel.release}/build/Makefile", "# kbuild\n")
+    node.kernel.sig_enforce = True
+
+    with pytest.raises(SignatureRejected) as refused:
+        node.agent(_build_config(node, "2.9.0")).load()
+
+    failure = refused.value
+    assert failure.fields["module"] == DEP
+    assert failure.fields["file"].startswith(str(node.root / "var/cache/tt-kmd"))
+    assert failure.fields["file"].endswith(f"/{DEP}.ko")
+    # modinfo read the inserted file itself, not a module directory.
+    assert ("modinfo", "-F", "signer", failure.fields["file"]) in node.kmod_calls("modinfo")
+    assert "modinfo: unsigned" in failure.message
