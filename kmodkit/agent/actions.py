@@ -25,7 +25,7 @@ from kmodkit.agent.atomic_file import install_file
 from kmodkit.agent.build_cache import ModuleCache
 from kmodkit.agent.build_process import BuildRunner, run_streaming
 from kmodkit.agent.config import AgentConfig
-from kmodkit.agent.errors import AgentError, DeviceBusy, HostManaged
+from kmodkit.agent.errors import AgentError, DeviceBusy, HostManaged, SignatureRejected
 from kmodkit.agent.firmware import place_firmware, remove_firmware
 from kmodkit.agent.holders import Holder, find_holders
 from kmodkit.agent.host_lock import host_lock
@@ -40,7 +40,8 @@ from kmodkit.agent.kernel_state import (
     describe_bound,
     kernel_name,
 )
-from kmodkit.agent.kmod import CommandRunner, Kmod, KmodError, run_subprocess
+from kmodkit.agent.kmod import CommandResult, CommandRunner, Kmod, KmodError, run_subprocess
+from kmodkit.agent.kmsg import KernelLog, open_kmsg
 from kmodkit.agent.plan import (
     LoadAction,
     LoadDecision,
@@ -48,6 +49,14 @@ from kmodkit.agent.plan import (
     decide_load,
     plan_in_tree_removal,
     readiness_problems,
+)
+from kmodkit.agent.signature import (
+    ModuleSignature,
+    may_be_refusal,
+    module_of,
+    refusal_message,
+    refused_file,
+    signature_refusal,
 )
 
 Killer = Callable[[int, int], None]
@@ -68,6 +77,7 @@ class HostAccess:
     poll_interval: float = 0.25
     pause_poll_interval: float = 5.0
     lock_timeout: float = 300.0
+    kernel_log: Callable[[], KernelLog] = open_kmsg
 
 
 def report_host_mode(host: HostRoot, dkms_modules: list[str], log: EventLog) -> HostModeReport:
@@ -384,7 +394,7 @@ class NodeAgent:
         if raw is not None and source.cache is None:
             # The Module's own command line loads what it loads; what the agent
             # verifies afterwards is moduleName, as for any other Module.
-            result = self._kmod(self.kmod.modprobe_raw, raw.load)
+            result = self._inserting(self.top, None, self.kmod.modprobe_raw, raw.load)
             self.log.info("module.loaded_raw", module=self.top, argv=list(result.argv))
             return
         for name in self.config.loading_order:
@@ -394,9 +404,11 @@ class NodeAgent:
             parameters = self.config.modprobe.parameters if name == self.top else []
             if source.cache is not None:
                 path = source.cache.module_path(self.kernel, source.version or "", name)
-                result = self._kmod(self.kmod.insmod, path, parameters)
+                result = self._inserting(name, str(path), self.kmod.insmod, path, parameters)
             else:
-                result = self._kmod(
+                result = self._inserting(
+                    name,
+                    None,
                     self.kmod.modprobe,
                     name,
                     dir_name=self.config.modprobe.dir_name,
@@ -404,6 +416,68 @@ class NodeAgent:
                     parameters=parameters,
                 )
             self.log.info("module.loaded", module=name, argv=list(result.argv))
+
+    def _inserting(
+        self,
+        name: str,
+        file: str | None,
+        call: Callable[_P, CommandResult],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> CommandResult:
+        """Run one insert; a failure the kernel gave for the module's signature becomes
+        ``SignatureRejected``, naming what modinfo reads from the refused file."""
+        kernel_log = self.access.kernel_log()
+        try:
+            return call(*args, **kwargs)
+        except KmodError as exc:
+            said = kernel_log.new_lines()
+            result = exc.result
+            output = f"{result.stderr}\n{result.stdout}"
+            if not may_be_refusal(output, said):
+                raise AgentError(str(exc), argv=list(result.argv)) from exc
+            # modprobe inserts the dependencies first: the refused file may be one of them.
+            refused = file or refused_file(result.stdout)
+            module = module_of(refused) if refused else name
+            signature = self._signature(refused, module)
+            refusal = signature_refusal(output, said, signature)
+            if refusal is None:
+                raise AgentError(str(exc), argv=list(result.argv)) from exc
+            raise SignatureRejected(
+                refusal_message(module, refused, refusal, signature),
+                argv=list(result.argv),
+                module=module,
+                file=refused,
+                errno=refusal.errno,
+                signed=signature.signed,
+                signer=signature.signer,
+                sig_key=signature.sig_key,
+                sig_hashalgo=signature.hash_algo,
+                kernel_messages=list(refusal.kernel_lines),
+            ) from exc
+        finally:
+            kernel_log.close()
+
+    def _signature(self, file: str | None, name: str) -> ModuleSignature:
+        """What modinfo reads from the refused file's signature (by name in the image
+        when the file is not known); empty when modinfo cannot tell."""
+
+        def field(wanted: str) -> str:
+            try:
+                if file is not None:
+                    return self.kmod.modinfo_file(file, wanted)
+                return self.kmod.modinfo_field(
+                    name, wanted, base_dir=self.config.modprobe.dir_name, kernel=self.kernel
+                )
+            except KmodError:
+                return ""
+
+        return ModuleSignature(
+            signer=field("signer"),
+            sig_key=field("sig_key"),
+            hash_algo=field("sig_hashalgo"),
+            sig_id=field("sig_id"),
+        )
 
     def _verify(self, expected: Mapping[str, str]) -> None:
         order = self.config.loading_order

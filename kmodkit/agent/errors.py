@@ -17,6 +17,7 @@ class ExitCode(IntEnum):
     BUSY = 3
     HOST_MANAGED = 4
     NOT_READY = 5
+    SIGNATURE_REJECTED = 6
 
 
 class AgentError(Exception):
@@ -44,3 +45,10 @@ class DeviceBusy(AgentError):
 class HostManaged(AgentError):
     exit_code = ExitCode.HOST_MANAGED
     event = "host_managed"
+
+
+class SignatureRejected(AgentError):
+    """The kernel refused a module for its signature (unsigned, or a key it does not trust)."""
+
+    exit_code = ExitCode.SIGNATURE_REJECTED
+    event = "load.signature_rejected"

@@ -106,6 +106,10 @@ class Kmod:
         result = self._check(["modinfo", "-b", base_dir, "-k", kernel, "-F", field, module])
         return result.stdout.strip()
 
+    def modinfo_file(self, path: str, field: str) -> str:
+        """A field of one ``.ko`` file, read from the file itself (no module directory)."""
+        return self._check(["modinfo", "-F", field, path]).stdout.strip()
+
     def _check(self, argv: list[str]) -> CommandResult:
         result = self._run(argv)
         if result.returncode != 0:

@@ -8,7 +8,8 @@
 # firmware the agent places under its host root is where the kernel looks.
 # Only /run is covered by a tmpfs, so a checkout under /tmp stays visible.
 #
-# KMODKIT_PYTHON and KMODKIT_REPO come from the kernel command line.
+# KMODKIT_PYTHON, KMODKIT_REPO, KMODKIT_DRIVER and (for the signature boot)
+# KMODKIT_SCENARIO and KMODKIT_SIGNED come from the kernel command line.
 
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -42,6 +43,7 @@ chroot /host /usr/bin/env -i \
 	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	HOME=/run/kmodkit-test PYTHONDONTWRITEBYTECODE=1 \
 	KMODKIT_REPO="$KMODKIT_REPO" KMODKIT_DRIVER="$KMODKIT_DRIVER" \
-	"$KMODKIT_PYTHON" "$KMODKIT_REPO/tests/kernel/vm_scenario.py"
+	KMODKIT_SIGNED="${KMODKIT_SIGNED:-}" \
+	"$KMODKIT_PYTHON" "$KMODKIT_REPO/tests/kernel/${KMODKIT_SCENARIO:-vm_scenario.py}"
 echo "KMODKIT-INIT scenario exited $?"
 poweroff -f

@@ -113,6 +113,7 @@ class Node:
             poll_interval=0.01,
             pause_poll_interval=0.01,
             lock_timeout=0.2,
+            kernel_log=self.kernel.kernel_log,
         )
 
     def agent(self, config: AgentConfig | None = None) -> NodeAgent:

@@ -41,8 +41,11 @@ def write_module(
     devices: Sequence[str] = (),
     firmware: Sequence[str] = (),
     in_tree: bool = False,
+    signer: str | None = None,
+    sig_key: str | None = None,
 ) -> Path:
-    """Write a fake module: what the simulated kernel needs to know to load it."""
+    """Write a fake module: what the simulated kernel needs to know to load it.
+    ``signer``/``sig_key``: the signature modinfo reads (none: unsigned)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(
@@ -54,6 +57,10 @@ def write_module(
                 "devices": list(devices),
                 "firmware": list(firmware),
                 "in_tree": in_tree,
+                "signer": signer,
+                "sig_key": sig_key,
+                "sig_hashalgo": "sha256" if sig_key else None,
+                "sig_id": "PKCS#7" if sig_key else None,
             }
         )
     )
@@ -89,6 +96,11 @@ class SimulatedKernel:
     kills: list[tuple[int, int]] = field(default_factory=list)
     modules: dict[str, _Module] = field(default_factory=dict)
     processes: dict[int, _Process] = field(default_factory=dict)
+    sig_enforce: bool = False
+    """As ``module.sig_enforce=1``: only modules signed with a trusted key load."""
+    trusted_keys: set[str] = field(default_factory=set)
+    messages: list[str] = field(default_factory=list)
+    """What the kernel printed (its ring buffer), for ``kernel_log``."""
 
     def __post_init__(self) -> None:
         self._write(Path("/proc/sys/kernel/osrelease"), self.release + "\n")
@@ -167,6 +179,10 @@ class SimulatedKernel:
         shutil.rmtree(self._path("/sys"))
         return SimulatedKernel(self.host, self.release, self.builtin)
 
+    def kernel_log(self) -> _KernelLog:
+        """What the agent reads from /dev/kmsg: the messages printed from now on."""
+        return _KernelLog(self, len(self.messages))
+
     def firmware_class_path(self) -> str:
         parameter = self._path("/sys/module/firmware_class/parameters/path")
         return parameter.read_text().strip() if parameter.exists() else ""
@@ -196,7 +212,7 @@ class SimulatedKernel:
         try:
             out = handlers[tool](list(args[1:]))
         except _Fail as failure:
-            return CommandResult(args, 1, "", f"{tool}: ERROR: {failure}\n")
+            return CommandResult(args, 1, failure.stdout, f"{tool}: ERROR: {failure}\n")
         return CommandResult(args, 0, out, "")
 
     def _insmod(self, args: list[str]) -> str:
@@ -253,11 +269,20 @@ class SimulatedKernel:
         if name not in dep:
             raise _Fail(f"FATAL: Module {name} not found in directory {modules_dir}")
         relpath, deps = dep[name]
-        for dependency in reversed(deps):
-            if kname(Path(dependency).stem) not in self.modules:
-                self._insert(modules_dir / dependency, [])
-        self._insert(modules_dir / relpath, parameters)
-        return f"insmod {modules_dir / relpath} {' '.join(parameters)}".strip() + "\n"
+        # As modprobe -v: each insert is printed before it is tried, so what was printed
+        # when one fails ends with the file that failed.
+        printed: list[str] = []
+        inserts: list[tuple[str, list[str]]] = [
+            (d, []) for d in reversed(deps) if kname(Path(d).stem) not in self.modules
+        ]
+        for file, params in [*inserts, (relpath, parameters)]:
+            printed.append(f"insmod {modules_dir / file} {' '.join(params)}".strip() + "\n")
+            try:
+                self._insert(modules_dir / file, params)
+            except _Fail as failure:
+                failure.stdout = "".join(printed)
+                raise
+        return "".join(printed)
 
     def _remove_with_dependencies(self, name: str) -> None:
         """modprobe -r: remove ``name``, then each dependency nothing else uses any more."""
@@ -292,6 +317,10 @@ class SimulatedKernel:
         return ""
 
     def _modinfo(self, args: list[str]) -> str:
+        wanted = args[args.index("-F") + 1]
+        if "-b" not in args:  # a file named by its path
+            value = _read_ko(Path(args[-1])).get(wanted)
+            return "" if value is None else f"{value}\n"
         base = args[args.index("-b") + 1]
         release = args[args.index("-k") + 1]
         wanted = args[args.index("-F") + 1]
@@ -314,6 +343,10 @@ class SimulatedKernel:
         name = info["name"]
         if name in self.modules or name in self.builtin:
             raise _Fail(f"could not insert module {path}: File exists")
+        if self.sig_enforce and info.get("sig_key") not in self.trusted_keys:
+            what = "unsigned module" if not info.get("sig_key") else "module with unavailable key"
+            self.messages.append(f"Loading of {what} is rejected")
+            raise _Fail(f"could not insert module {path}: Key was rejected by service")
         missing = [d for d in info["depends"] if d not in self.modules]
         if missing:
             raise _Fail(
@@ -396,7 +429,21 @@ class SimulatedKernel:
 
 
 class _Fail(Exception):
-    pass
+    stdout = ""
+
+
+@dataclass
+class _KernelLog:
+    kernel: SimulatedKernel
+    seen: int
+
+    def new_lines(self) -> list[str]:
+        lines = self.kernel.messages[self.seen :]
+        self.seen = len(self.kernel.messages)
+        return lines
+
+    def close(self) -> None:
+        pass
 
 
 def _read_ko(path: Path) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from kmodkit.core.engine.loader_pod import (
     LoaderPod,
     LoaderSettings,
     for_node,
+    load_failure,
     pod_template,
     unload_pod,
 )
@@ -526,12 +527,15 @@ def _current(
             f"loader pod {current.name} takes over from {ready.name}",
             resolved.mapping_index,
         )
+    elif current.problem:
+        reason, message = load_failure(current)
+        outcome = NodeOutcome(node.name, Phase.FAILED, reason, message, resolved.mapping_index)
     else:
         outcome = NodeOutcome(
             node.name,
-            Phase.FAILED if current.problem else Phase.LOADING,
-            "LoadFailed" if current.problem else "Loading",
-            current.problem or f"loader pod {current.name} is starting",
+            Phase.LOADING,
+            "Loading",
+            f"loader pod {current.name} is starting",
             resolved.mapping_index,
         )
     outdated = current.config_hash != template["metadata"]["annotations"][CONFIG_HASH]

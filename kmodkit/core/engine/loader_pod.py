@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from kmodkit.agent.config import AgentConfig, ModprobeArgs, ModprobeConfig
+from kmodkit.agent.errors import ExitCode
 from kmodkit.agent.readiness import READY_PATH
 from kmodkit.agent.staging import STAGING_ENV, STAGING_ROOT
 from kmodkit.core import labels
@@ -49,6 +50,7 @@ MODULE_LABEL = f"{labels.KMODKIT_PREFIX}/module"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER_COMPONENT = "module-loader"
 UNLOADER_COMPONENT = "module-unloader"
+AGENT_CONTAINER = "agent"
 # Loader pods keep a node's driver: the kubelet must not evict or preempt them
 # before the workloads that use it (allowed in every namespace since 1.17).
 PRIORITY_CLASS = "system-node-critical"
@@ -128,6 +130,10 @@ class LoaderPod:
     """The module image its init container copies from."""
     firmware_source: str = ""
     """The image's firmware directory its init container copies (empty: none)."""
+    agent_exit_code: int = 0
+    """How the agent container last ended (0: it has not ended, or succeeded)."""
+    agent_message: str = ""
+    """The agent's termination message from that run (its failure, in its own words)."""
 
     @property
     def ended(self) -> bool:
@@ -164,6 +170,7 @@ def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
         agent_config=ann.get(AGENT_CONFIG, ""),
         image=((spec.get("initContainers") or [{}])[0]).get("image", ""),
         firmware_source=_copied_firmware(spec),
+        **_agent_ended(status),
     )
 
 
@@ -192,6 +199,35 @@ def module_identity(image: str, config: Mapping[str, Any], version: str) -> str:
     return hashlib.sha256(json.dumps([image, loads, version], sort_keys=True).encode()).hexdigest()[
         :32
     ]
+
+
+def _agent_ended(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent container's last exit: its code is the agent's contract (ExitCode)."""
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") != AGENT_CONTAINER:
+            continue
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        if term:
+            return {
+                "agent_exit_code": int(term.get("exitCode") or 0),
+                "agent_message": str(term.get("message") or "").strip(),
+            }
+    return {}
+
+
+SIGNATURE_REJECTED = "SignatureRejected"
+LOAD_FAILED = "LoadFailed"
+
+
+def load_failure(pod: LoaderPod) -> tuple[str, str]:
+    """The reason and message of a node whose loader pod is failing."""
+    if pod.agent_exit_code == ExitCode.SIGNATURE_REJECTED:
+        # The agent's message names the module, its signer and what to do: it is the
+        # message, not the container's state around it.
+        return SIGNATURE_REJECTED, pod.agent_message or pod.problem
+    return LOAD_FAILED, pod.problem
 
 
 def _pod_problem(status: Mapping[str, Any]) -> str:
@@ -431,7 +467,7 @@ def pod_template(
         "initContainers": extract,
         "containers": [
             {
-                "name": "agent",
+                "name": AGENT_CONTAINER,
                 "image": settings.agent_image,
                 "command": [*agent, "run", "--readiness-port", str(READINESS_PORT)],
                 "ports": [{"name": "readiness", "containerPort": READINESS_PORT}],
@@ -540,7 +576,7 @@ def unload_pod(
         "tolerations": [{"operator": "Exists"}],
         "containers": [
             {
-                "name": "agent",
+                "name": AGENT_CONTAINER,
                 "image": settings.agent_image,
                 "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
                 # On success it removes the module's copies of the image from the host.
