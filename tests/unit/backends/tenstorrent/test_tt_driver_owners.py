@@ -210,8 +210,9 @@ def test_the_hooks_restart_no_builder_on_a_node_another_policy_owns(
 ) -> None:
     restarted: list[Any] = []
     monkeypatch.setattr(driver_plan.DriverHooks, "restart", lambda _, pods: restarted.extend(pods))
-    shared, own = _node("shared", pool="tt"), _node("own", pool="other")
-    stale = [_builder("younger", "shared"), _builder("younger", "own")]
+    # The shared node sorts first: with a budget of one restart it would be the one restarted.
+    shared, own = _node("a-shared", pool="tt"), _node("own", pool="other")
+    stale = [_builder("younger", "a-shared"), _builder("younger", "own")]
     for pod in stale:
         pod["metadata"]["annotations"] = {"driver.tenstorrent.com/template-hash": "stale"}
         pod["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
