@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmodkit.backends.tenstorrent import driver_plan
+from kmodkit.backends.tenstorrent import driver_plan, names
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicyStatus
 from kmodkit.backends.tenstorrent.keys import TT_DRIVER_SKIP_LABEL, TT_PCI_PRESENT_LABEL
 from kmodkit.backends.tenstorrent.node_owners import Claim, owners
@@ -18,6 +18,7 @@ from kmodkit.backends.tenstorrent.selection import NodeLabelSelector
 from kmodkit.backends.tenstorrent.status_common import Row, transition_events
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.nodes import NodeView
+from kmodkit.sdk import RolloutKeys
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PCI = {TT_PCI_PRESENT_LABEL: "true"}
@@ -234,6 +235,14 @@ def test_a_new_owner_takes_a_node_only_once_the_old_owners_builder_has_left() ->
     assert (entry["state"], entry["reason"]) == ("Pending", "WaitingForHandover")
     assert "older" in entry["message"]
     assert held.rollout is not None and held.rollout.nodes == []
+    # A node this policy's rollout already works on stays in it, held or not.
+    state = RolloutKeys.for_policy(names.driver_policy_id("younger")).state
+    working = _node("shared", pool="tt", **{state: "draining"})
+    in_flight = driver_plan.plan_at(
+        YOUNGER, _view([working], [YOUNGER], [old_set], owned=[mine]), NOW
+    )
+    assert not _placed(in_flight, working)
+    assert in_flight.rollout is not None and in_flight.rollout.nodes == ["shared"]
 
     pod_left = _view([shared], [YOUNGER], pods=[_builder("older", "shared")], owned=[mine])
     assert not _placed(driver_plan.plan_at(YOUNGER, pod_left, NOW), shared)
