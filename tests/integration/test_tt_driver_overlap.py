@@ -190,25 +190,27 @@ def test_with_the_operator_stopped_a_relabelled_node_moves_to_its_older_policy(
         "the older policy's DaemonSet",
     )
     op.stop()
-    label_node(kube_api, node, {"tto-old": tag})
-    wait_until(
-        lambda: _builders(core, namespace).get(node) == [older],
-        "the older policy's builder replaced the younger's, with no operator running",
-        timeout=60,
-    )
-    # An operator again, so the policies' finalizers let them go at the end.
-    with running_operator(kubeconfig, tmp_path / "again.log", **operator_env(namespace)):
-        for name in (older, younger):
-            delete_policy(kube_api, DRIVER, name)
+    try:
+        label_node(kube_api, node, {"tto-old": tag})
         wait_until(
-            lambda: (
-                not [
-                    p
-                    for p in client.CustomObjectsApi(kube_api).list_cluster_custom_object(*DRIVER)[
-                        "items"
-                    ]
-                    if p["metadata"]["name"] in (older, younger)
-                ]
-            ),
-            "both policies deleted",
+            lambda: _builders(core, namespace).get(node) == [older],
+            "the older policy's builder replaced the younger's, with no operator running",
+            timeout=60,
         )
+    finally:
+        # An operator again, so the policies' finalizers let them go.
+        with running_operator(kubeconfig, tmp_path / "again.log", **operator_env(namespace)):
+            for name in (older, younger):
+                delete_policy(kube_api, DRIVER, name)
+            wait_until(
+                lambda: (
+                    not [
+                        p
+                        for p in client.CustomObjectsApi(kube_api).list_cluster_custom_object(
+                            *DRIVER
+                        )["items"]
+                        if p["metadata"]["name"] in (older, younger)
+                    ]
+                ),
+                "both policies deleted",
+            )
