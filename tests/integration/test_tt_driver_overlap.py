@@ -1,7 +1,8 @@
 """Two Tenstorrent driver policies over one node, on a real control plane with the real
 operator: the node runs one builder, the older policy's; the younger reports NodeConflict
 naming the older and runs its builder only on its own node; deleting the older hands the node
-to the younger (its rollout reloads tt-kmd), and at no instant do two builders share the node.
+to the younger (its rollout reloads tt-kmd) only once the older's builder pod, kept terminating
+by a finalizer, is gone: at no instant do two builders share the node.
 With the operator stopped, relabelling a node onto the older policy moves its builder there
 and the younger's off: the DaemonSets' affinities alone keep them apart.
 """
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.cluster
 
 POLICY_LABEL = "driver.tenstorrent.com/cr"
 KMD = "driver.tenstorrent.com/kmd-version"
+LINGER = "kmodkit.io/test-linger"
 
 
 def _builders(core: Any, namespace: str) -> dict[str, list[str]]:
@@ -146,7 +148,34 @@ def test_two_driver_policies_over_one_node_run_one_builder_the_older_ones(
         assert node_labels(kube_api, shared)[KMD] == "2.8.0"
         assert not sharing.shared, f"two builders on one node: {sharing.shared[:3]}"
 
+        # The older's builder lingers (terminating) after its policy is gone: the younger's
+        # builder must wait for it.
+        (old_pod,) = [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=BUILDER_SELECTOR).items
+            if p.spec.node_name == shared
+        ]
+        core.patch_namespaced_pod(
+            old_pod.metadata.name, namespace, {"metadata": {"finalizers": [LINGER]}}
+        )
         delete_policy(kube_api, DRIVER, older)
+        apps = client.AppsV1Api(kube_api)
+        wait_until(
+            lambda: (
+                not apps.list_namespaced_daemon_set(
+                    namespace, label_selector=f"{POLICY_LABEL}={older}"
+                ).items
+            ),
+            "the older policy's DaemonSet collected",
+        )
+        time.sleep(5)  # the younger's passes have seen the older go by now
+        assert _builders(core, namespace).get(shared) == [older]
+        assert not sharing.shared, f"two builders on one node: {sharing.shared[:3]}"
+        assert _state(kube_api, younger, shared) == ("Pending", "WaitingForHandover")
+        assert old_pod.metadata.name in _entry(kube_api, younger, shared)["message"]
+        core.patch_namespaced_pod(
+            old_pod.metadata.name, namespace, {"metadata": {"finalizers": None}}
+        )
         wait_until(
             lambda: _state(kube_api, younger, shared) == ("Done", "Ready"),
             "the younger policy took the shared node over and reloaded tt-kmd",
@@ -157,6 +186,11 @@ def test_two_driver_policies_over_one_node_run_one_builder_the_older_ones(
         assert not sharing.shared, f"two builders on one node: {sharing.shared[:3]}"
     finally:
         sharing.poller.stop()
+        for pod in core.list_namespaced_pod(namespace, label_selector=BUILDER_SELECTOR).items:
+            if LINGER in (pod.metadata.finalizers or []):
+                core.patch_namespaced_pod(
+                    pod.metadata.name, namespace, {"metadata": {"finalizers": None}}
+                )
         assert not sharing.poller.errors, sharing.poller.errors
 
 
