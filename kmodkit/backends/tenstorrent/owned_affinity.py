@@ -127,9 +127,12 @@ class _Conjunction:
 
     @classmethod
     def of(cls, reqs: Iterable[Req]) -> _Conjunction | None:
-        term: _Conjunction | None = cls((), {})
+        term = cls((), {})
         for req in reqs:
-            term = term.and_(req) if term is not None else None
+            joined = term.and_(req)
+            if joined is None:
+                return None
+            term = joined
         return term
 
     def and_(self, req: Req) -> _Conjunction | None:
