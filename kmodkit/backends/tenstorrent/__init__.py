@@ -53,6 +53,10 @@ backend = Backend(
                     version="v1",
                     plural="daemonsets",
                     labels={"app.kubernetes.io/name": BUILDER_APP},
+                    # Read for handovers only; the builder pods' events and the requeue of a
+                    # node waiting for one cover its changes, and its status moves with
+                    # every pod.
+                    wakes=False,
                 ),
             ),
             hooks=driver_plan.hooks,
