@@ -41,6 +41,23 @@ backend = Backend(
                     plural="pods",
                     labels={"app.kubernetes.io/name": BUILDER_APP},
                 ),
+                Watch(
+                    name=driver_plan.POLICIES,
+                    group=DRIVER_CRD.group,
+                    version=DRIVER_CRD.version,
+                    plural=DRIVER_CRD.plural,
+                ),
+                Watch(
+                    name=driver_plan.BUILDER_SETS,
+                    group="apps",
+                    version="v1",
+                    plural="daemonsets",
+                    labels={"app.kubernetes.io/name": BUILDER_APP},
+                    # Read for handovers only; the builder pods' events and the requeue of a
+                    # node waiting for one cover its changes, and its status moves with
+                    # every pod.
+                    wakes=False,
+                ),
             ),
             hooks=driver_plan.hooks,
             rollout_status=driver_plan.rollout_status,

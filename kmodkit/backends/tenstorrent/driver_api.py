@@ -49,6 +49,7 @@ DriverNodeState = Literal[
     "Failed",
     "HostManaged",
     "Skipped",
+    "Conflict",
 ]
 
 
@@ -129,6 +130,8 @@ class DriverSummary(KubeModel):
     pending: int = 0
     host_managed: int = 0
     skipped: int = 0
+    conflicts: int = 0
+    """Covered nodes an older driver policy owns (state Conflict): this one leaves them alone."""
 
 
 class DriverNodeEntry(NodeEntry):

@@ -14,7 +14,12 @@ The ``template-hash`` annotation is a hash of the pod template with its keys
 sorted (every list in the template is built in a fixed order), so the same
 policy always hashes the same and an unchanged policy never looks stale.
 ``TT_FORCE_UNLOAD`` is left out of the hash: switching forceUnload changes how
-a pod unloads, not what a node runs, so it must not roll the whole fleet.
+a pod unloads, not what a node runs, so it must not roll the whole fleet. The
+hash is taken over the template with the affinity of the policy's own selector
+only: the terms that keep the builder off nodes older policies own
+(``owned_affinity``) change with the other policies, and where a builder may
+run is the DaemonSet controller's business, not a reason to restart (let alone
+reload) the builders already running.
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ from typing import Any
 
 from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from kmodkit.backends.tenstorrent.selection import affinity
+from kmodkit.backends.tenstorrent.owned_affinity import (
+    Term,
+    own_requirements,
+    render,
+    required_affinity,
+)
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.sdk import RolloutKeys
 
@@ -96,8 +106,14 @@ def pod_template(
             "hostPID": True,
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
-            "affinity": affinity(
-                spec.selector(), keys.TT_DRIVER_SKIP_LABEL, settings.require_pci_label
+            "affinity": required_affinity(
+                render(
+                    [
+                        own_requirements(
+                            spec.selector(), keys.TT_DRIVER_SKIP_LABEL, settings.require_pci_label
+                        )
+                    ]
+                )
             ),
             "terminationGracePeriodSeconds": 60,
             "containers": [
@@ -146,11 +162,19 @@ def pod_template(
 
 
 def daemonset(
-    policy: str, namespace: str, spec: TenstorrentDriverPolicySpec, settings: TenstorrentSettings
+    policy: str,
+    namespace: str,
+    spec: TenstorrentDriverPolicySpec,
+    settings: TenstorrentSettings,
+    terms: list[Term] | None = None,
 ) -> dict[str, Any]:
+    """The builder DaemonSet; ``terms`` (the nodes the policy owns) replace the node selector
+    terms of the policy's own selector, outside the hash."""
     template = pod_template(policy, spec, settings)
     digest = template_hash(template)
     template["metadata"]["annotations"] = {keys.TT_TEMPLATE_HASH_ANNOTATION: digest}
+    if terms is not None:
+        template["spec"]["affinity"] = required_affinity(terms)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kmodkit.backends.tenstorrent import keys, names
+from kmodkit.backends.tenstorrent import driver_owners, keys, names
 from kmodkit.backends.tenstorrent.builder_pods import BuilderPod, pods_by_node
 from kmodkit.backends.tenstorrent.drain_rules import driver_policy
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
@@ -27,6 +27,19 @@ from kmodkit.backends.tenstorrent.driver_changes import (
 )
 from kmodkit.backends.tenstorrent.driver_daemonset import control_map, daemonset
 from kmodkit.backends.tenstorrent.driver_hooks import DriverHooks
+from kmodkit.backends.tenstorrent.driver_owners import (
+    Ownership,
+    ordered_claims,
+    ownership,
+    too_complex_message,
+)
+from kmodkit.backends.tenstorrent.node_owners import (
+    CONFLICT_REASON,
+    CONFLICT_STATE,
+    FIRST_SIGHT_REASONS,
+    conflict_message,
+    owners,
+)
 from kmodkit.backends.tenstorrent.selection import covers
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.backends.tenstorrent.spec_errors import invalid_spec_plan
@@ -54,8 +67,10 @@ from kmodkit.sdk import (
     parse_state,
 )
 
-BUILDERS = "builders"
+BUILDERS = driver_owners.BUILDERS
 """The ``ClusterView.watched`` key of the builder pods."""
+POLICIES = driver_owners.POLICIES
+BUILDER_SETS = driver_owners.BUILDER_SETS
 REQUEUE_WHILE_ROLLING = 5.0
 
 ROLLOUT_STATES: Mapping[State, str] = {
@@ -76,6 +91,7 @@ OBSERVED_REASONS: Mapping[str, bool] = {
     "BuilderCrashLoop": True,
     "HostManagedKMD": False,
     "Skipped": False,
+    CONFLICT_REASON: True,
 }
 """Node reasons read from the node and its builder pod (not rollout moves), each with whether
 its Event is a warning."""
@@ -98,7 +114,7 @@ def _target(spec: TenstorrentDriverPolicySpec, ds: Mapping[str, Any]) -> DriverT
     )
 
 
-def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
+def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context, held: str = "") -> Row:
     version = ctx.spec.version
     loaded = node.labels.get(keys.TT_KMD_VERSION_LABEL, "")
 
@@ -149,6 +165,8 @@ def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
         }[state]
         return row(state, reason, rollout=rollout)
     if pod is None:
+        if held:
+            return row("Pending", "WaitingForHandover", held)
         if ctx.paused_without_builders:
             return row("Pending", "Paused", "spec.paused is true; no builder runs yet")
         return row("Pending", "WaitingForBuilder", "waiting for the builder pod")
@@ -169,10 +187,20 @@ def _row(node: NodeView, pod: BuilderPod | None, ctx: _Context) -> Row:
     return row("Upgrading", "Installing", f"builder is building and loading tt-kmd {version}")
 
 
+def _conflict_row(node: NodeView, winner: str) -> Row:
+    return Row(
+        node.name,
+        CONFLICT_STATE,
+        CONFLICT_REASON,
+        conflict_message(winner, "driver policy"),
+        node.labels.get(keys.TT_KMD_VERSION_LABEL, ""),
+    )
+
+
 def _conditions(
     rows: Sequence[Row], ctx: _Context, previous: Mapping[str, Any], gen: int | None, now: datetime
 ) -> list[dict[str, Any]]:
-    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged")]
+    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged", CONFLICT_STATE)]
     done = count(managed, "Done")
     failed = count(managed, "Failed")
     halted = ctx.spec.upgrade_policy.halt_on_failure and any(
@@ -181,7 +209,12 @@ def _conditions(
     if not rows:
         ready = ("True", "NoMatchingNodes", "no node matches the policy")
     elif done == len(managed):
-        ready = ("True", "AllReady", f"{done}/{len(managed)} nodes have tt-kmd {ctx.spec.version}")
+        ready = (
+            "True",
+            "AllReady",
+            f"{done}/{len(managed)} nodes have tt-kmd {ctx.spec.version}"
+            + _conflicts_note(count(rows, CONFLICT_STATE)),
+        )
     elif failed:
         ready = ("False", "NodesFailed", f"{failed} node(s) failed; see status.nodes")
     elif ctx.spec.paused:
@@ -202,6 +235,32 @@ def _conditions(
     ]
 
 
+def _conflicts_note(conflicts: int) -> str:
+    if not conflicts:
+        return ""
+    return f"; {conflicts} more node(s) belong to older driver policies (state Conflict)"
+
+
+def _degraded(
+    own: Ownership, previous: Mapping[str, Any], generation: int | None, now: datetime
+) -> list[dict[str, Any]]:
+    """Degraded while the overlap is too complex to keep out by labels."""
+    if not own.too_complex:
+        return []
+    message = too_complex_message(own.too_complex)
+    return [condition(previous, "Degraded", "True", "OverlapTooComplex", message, generation, now)]
+
+
+def _starts(owned: Sequence[NodeView], held: Mapping[str, str], state_key: str) -> list[str]:
+    """The nodes the rollout may work on: the owned ones, but not those whose builder of the
+    previous owner is still there (unless this policy's rollout already holds the node)."""
+    return [
+        n.name
+        for n in owned
+        if n.name not in held or parse_state(n.labels.get(state_key)) not in (None, State.DONE)
+    ]
+
+
 def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     meta = body.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -213,7 +272,8 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
         return invalid_spec_plan(err, view, previous, generation, now)
     settings = TenstorrentSettings.from_settings(view.settings)
     owned_ds = [o for o in view.owned if o.get("kind") == "DaemonSet"]
-    ds = daemonset(name, view.operator_namespace, spec, settings)
+    own = ownership(body, view, keys.TT_DRIVER_SKIP_LABEL, settings.require_pci_label)
+    ds = daemonset(name, view.operator_namespace, spec, settings, own.terms)
     target = _target(spec, ds)
     # A paused policy starts no builder: an admin migrating from DKMS applies the
     # policy paused and unpauses once the node is vacated.
@@ -222,10 +282,16 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     ctx = _Context(spec, target, RolloutKeys.for_policy(policy_id), not create)
     selector = spec.selector()
     covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+    owned = [n for n in covered if own.owner.get(n.name) == name]
     pods = pods_by_node(view.watched.get(BUILDERS, ()), name)
-    rows = [_row(n, pods.get(n.name), ctx) for n in covered]
+    rows = [
+        _row(n, pods.get(n.name), ctx, own.held.get(n.name, ""))
+        if own.owner.get(n.name) == name
+        else _conflict_row(n, own.owner.get(n.name, ""))
+        for n in covered
+    ]
     entries, omitted = node_entries(rows, previous, now)
-    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged")]
+    managed = [r for r in rows if r.state not in ("Skipped", "HostManaged", CONFLICT_STATE)]
     status = {
         "observedGeneration": generation,
         "desiredVersion": spec.version,
@@ -245,24 +311,28 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
             "pending": count(rows, "Pending"),
             "hostManaged": count(rows, "HostManaged"),
             "skipped": count(rows, "Skipped"),
+            "conflicts": count(rows, CONFLICT_STATE),
         },
         "nodes": entries,
         "nodesOmitted": omitted,
         "conditions": [
             *_conditions(rows, ctx, previous, generation, now),
+            *_degraded(own, previous, generation, now),
             *ignored_condition(unknown, previous, generation, now),
         ],
     }
-    busy = any(r.state not in ("Done", "HostManaged", "Skipped") for r in rows)
+    busy = any(r.state not in ("Done", "HostManaged", "Skipped", CONFLICT_STATE) for r in rows)
     return Plan(
         objects=[ds, control_map(name, view.operator_namespace, spec.paused)] if create else [],
         status=status,
-        events=transition_events(rows, previous, OBSERVED_REASONS),
+        events=transition_events(
+            rows, previous, OBSERVED_REASONS, announce_new=FIRST_SIGHT_REASONS
+        ),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,
             policy=driver_policy(spec.upgrade_policy, settings, view.operator_namespace),
-            nodes=[n.name for n in covered],
+            nodes=_starts(owned, own.held, ctx.keys.state),
             target=f"{spec.version}/{target.template_hash}"
             + ("/force-unload" if target.force_unload else ""),
             paused=spec.paused,
@@ -287,7 +357,12 @@ def hooks(body: Obj, view: ClusterView, api: Any) -> DriverHooks:
         # Changes that need no reload are not the rollout's: they are rolled here, on every
         # pass, from what the pods show (so an operator restart carries on where it was).
         selector = spec.selector()
-        covered = [n for n in view.nodes if covers(selector, n.labels, settings.require_pci_label)]
+        owner = owners(ordered_claims(body, view), view.nodes, settings.require_pci_label)
+        covered = [
+            n
+            for n in view.nodes
+            if covers(selector, n.labels, settings.require_pci_label) and owner.get(n.name) == name
+        ]
         state_key = RolloutKeys.for_policy(names.driver_policy_id(name)).state
         policy = driver_policy(spec.upgrade_policy, settings, view.operator_namespace)
         driver_hooks.restart(

@@ -140,6 +140,8 @@ class FirmwareSummary(KubeModel):
     failed: int = 0
     pending: int = 0
     skipped: int = 0
+    conflicts: int = 0
+    """Covered nodes an older firmware policy owns (state Conflict): this one leaves them alone."""
 
 
 class FirmwareNodeEntry(NodeEntry):

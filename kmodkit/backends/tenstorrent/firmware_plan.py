@@ -23,6 +23,7 @@ from kmodkit.backends.tenstorrent.keys import TT_FIRMWARE_SKIP_LABEL, TT_FW_VERS
 from kmodkit.backends.tenstorrent.node_owners import (
     CONFLICT_REASON,
     CONFLICT_STATE,
+    FIRST_SIGHT_REASONS,
     claims,
     conflict_message,
     owners,
@@ -260,6 +261,7 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
             "failed": count(rows, "Failed"),
             "pending": count(rows, "Pending"),
             "skipped": count(rows, "Skipped"),
+            "conflicts": count(rows, CONFLICT_STATE),
         },
         "nodes": entries,
         "nodesOmitted": omitted,
@@ -272,7 +274,9 @@ def plan_at(body: Obj, view: ClusterView, now: datetime) -> Plan:
     busy = any(r.state not in ("Done", "Skipped", CONFLICT_STATE) for r in rows)
     return Plan(
         status=status,
-        events=transition_events(rows, previous, OBSERVED_REASONS),
+        events=transition_events(
+            rows, previous, OBSERVED_REASONS, announce_new=FIRST_SIGHT_REASONS
+        ),
         requeue_after=REQUEUE_WHILE_ROLLING if busy else None,
         rollout=RolloutRequest(
             policy_id=policy_id,

@@ -18,6 +18,9 @@ from kmodkit.sdk import NodeView, Obj
 
 CONFLICT_STATE = "Conflict"
 CONFLICT_REASON = "NodeConflict"
+FIRST_SIGHT_REASONS = frozenset({CONFLICT_REASON})
+"""Reasons announced by an Event also on a node the policy lists for the first time: a node
+already owned by another policy at a policy's first pass never changes to the conflict."""
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,15 @@
 A policy names its nodes with a Kubernetes label selector (``nodeAffinity``, or
 the deprecated ``nodeSelector``). A node is covered when the selector matches
 it and it carries the NFD label of a Tenstorrent PCI device (unless the
-operator is told not to require it). The same selector becomes the builder
-DaemonSet's required node affinity, written in a fixed order so the pod
-template, and the hash over it, never changes from one reconcile to the next.
+operator is told not to require it). The same selector, with the PCI and skip
+labels, becomes the builder DaemonSet's required node affinity
+(``owned_affinity``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -68,32 +68,3 @@ def covers(selector: NodeLabelSelector, node_labels: Mapping[str, str], require_
     if require_pci and node_labels.get(keys.TT_PCI_PRESENT_LABEL) != "true":
         return False
     return selector.matches(node_labels)
-
-
-def affinity(selector: NodeLabelSelector, skip_label: str, require_pci: bool) -> dict[str, Any]:
-    """The required node affinity of the builder pods: the selector, the PCI label and no skip.
-
-    The PCI label is required exactly when ``covers`` requires it, so a lab
-    without NFD gets builders on the nodes its policies cover. The skip label
-    keeps the pod off only when it is ``true``, the same rule the status and
-    the rollout apply.
-    """
-    expressions: list[dict[str, Any]] = [
-        {"key": key, "operator": "In", "values": [value]}
-        for key, value in sorted((selector.match_labels or {}).items())
-    ]
-    for req in selector.match_expressions or []:
-        expr: dict[str, Any] = {"key": req.key, "operator": req.operator}
-        if req.values:
-            expr["values"] = sorted(req.values)
-        expressions.append(expr)
-    if require_pci:
-        expressions.append({"key": keys.TT_PCI_PRESENT_LABEL, "operator": "In", "values": ["true"]})
-    expressions.append({"key": skip_label, "operator": "NotIn", "values": ["true"]})
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": expressions}]
-            }
-        }
-    }

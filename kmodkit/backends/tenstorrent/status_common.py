@@ -17,7 +17,9 @@ from kmodkit.backends.tenstorrent.api_common import MAX_STATUS_NODES
 from kmodkit.sdk import NodeEvent, RolloutStatus, State
 
 IN_PROGRESS = frozenset({"Cordoning", "Draining", "Upgrading", "Flashing", "Uncordoning"})
-_RANK = {"Failed": 0, **dict.fromkeys(IN_PROGRESS, 1), "Pending": 2}
+_RANK = {"Failed": 0, **dict.fromkeys(IN_PROGRESS, 1), "Pending": 2, "Conflict": 2}
+"""Order of ``status.nodes``; a node another policy owns is listed before done ones, so an
+admin sees it."""
 
 
 @dataclass(frozen=True)
@@ -62,21 +64,31 @@ def node_entries(
 
 
 def transition_events(
-    rows: Sequence[Row], previous_status: Mapping[str, Any], observed: Mapping[str, bool]
+    rows: Sequence[Row],
+    previous_status: Mapping[str, Any],
+    observed: Mapping[str, bool],
+    announce_new: frozenset[str] = frozenset(),
 ) -> list[NodeEvent]:
     """An Event for each listed node whose (state, reason) changed to one of the ``observed``
     reasons (those the plan sees on the node or its pods, each with whether it is a
     warning). The rollout posts its own moves.
 
     Only nodes the previous status listed are compared, so the unlisted rest of a large
-    fleet (done nodes beyond the first 100) cannot look new on every pass.
+    fleet (done nodes beyond the first 100) cannot look new on every pass. The exception is
+    a reason in ``announce_new`` on a node the previous status did not list although it
+    left none out (the policy's first pass, or a node it newly covers): that node is new,
+    and an admin must hear of it even if it never passes through another state.
     """
     before = {str(e.get("name")): e for e in previous_status.get("nodes") or []}
+    complete = not previous_status.get("nodesOmitted")
     events = []
     for row in rows:
         old = before.get(row.name)
-        if row.reason not in observed or old is None:
+        if row.reason not in observed:
             continue
+        if old is None and not (complete and row.reason in announce_new):
+            continue
+        old = old or {}
         if (old.get("state"), old.get("reason")) == (row.state, row.reason):
             continue
         message = f"{row.state}: {row.message}" if row.message else row.state

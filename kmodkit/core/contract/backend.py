@@ -45,6 +45,10 @@ class Watch:
     plural: str
     labels: Mapping[str, str] = field(default_factory=dict)
     """Only objects with these labels are watched (keep watches narrow at scale)."""
+    wakes: bool = True
+    """Whether a change to one of these objects re-plans every object of the resource. False
+    for objects read only as context whose changes other events (or the plan's requeue) follow:
+    a DaemonSet's status changes with every pod it runs."""
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ class ResourceController:
                 labels=dict(w.labels) or None,
                 registry=registry,
             )(index_all)
+            if not w.wakes:
+                continue
 
             async def watched_changed(**_: Any) -> None:
                 wakeups.wake_all()  # narrow enough: watches are label-filtered

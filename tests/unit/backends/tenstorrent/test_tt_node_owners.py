@@ -71,6 +71,10 @@ def test_the_younger_firmware_policy_reports_node_conflict_and_flashes_nothing()
     assert "older" in entry["message"]
     TenstorrentFirmwarePolicyStatus.model_validate(loser.status)  # the CRD admits the state
     assert loser.requeue_after is None
+    assert loser.status["summary"]["conflicts"] == 1
+    # Already in conflict at the policy's first pass: announced then, once.
+    assert [(e.node, e.reason) for e in loser.events] == [("shared", "NodeConflict")]
+    assert firmware_plan.plan_at({**younger, "status": loser.status}, view, NOW).events == []
     # The entry's change to NodeConflict is posted as a warning Event on the node.
     before = {"nodes": [{"name": "shared", "state": "Pending", "reason": "UpgradeRequired"}]}
     again = firmware_plan.plan_at({**younger, "status": before}, view, NOW)

@@ -144,6 +144,7 @@ def test_driver_status_per_node() -> None:
         "pending": 1,
         "hostManaged": 1,
         "skipped": 1,
+        "conflicts": 0,
     }
     assert plan.rollout is not None
     assert plan.rollout.policy.max_parallel == 1
