@@ -5,10 +5,10 @@ memory: each node moves at most one state per pass, and each move is a single
 merge patch of the node (state label, annotations and cordon together), so a
 crash between passes never leaves a half-made transition. The swap alone is
 preceded by a write, its marker, that must land before the backend's swap hook
-is called (``Step.swap_marker``). A node is started
-only when the budgets have room after counting every node already in flight or
-unavailable, so no interleaving of passes can overrun them. A node that is down,
-or cordoned by someone else, is not started at all (see ``hold_of``).
+is called (``Step.swap_marker``). A node is started only when the budgets have
+room after counting every node already in flight or unavailable, so no
+interleaving of passes can overrun them. A node that is down, or cordoned by
+someone else, is not started at all (see ``hold_of``).
 """
 
 from __future__ import annotations

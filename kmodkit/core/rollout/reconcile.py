@@ -30,7 +30,7 @@ from kmodkit.core.rollout.status import RolloutStatus, summarize
 log = logging.getLogger("kmodkit.rollout")
 
 NO_RESOURCE_VERSION = (
-    "the apiserver's answer carries no resourceVersion, so no swap is started on it"
+    "the apiserver's answer carries no resourceVersion (a swap is never started on such an answer)"
 )
 
 

@@ -44,9 +44,10 @@ class FakeCore:
     patch carrying another resourceVersion than the node's is refused with 409, and a
     patch that changes nothing leaves the resourceVersion as it was."""
 
-    def __init__(self, *nodes: Obj) -> None:
+    def __init__(self, *nodes: Obj, answers_without_version: bool = False) -> None:
         self.nodes = {str(n["metadata"]["name"]): copy.deepcopy(n) for n in nodes}
         self.calls: list[tuple[str, Any]] = []
+        self.answers_without_version = answers_without_version
 
     def patch_node(self, name: str, body: dict[str, Any], **_: Any) -> Any:
         if name not in self.nodes:
@@ -63,6 +64,8 @@ class FakeCore:
         meta["resourceVersion"] = before["metadata"]["resourceVersion"]
         if node != before:
             self.touch(name)
+        if self.answers_without_version:
+            return SimpleNamespace(metadata=None)
         return SimpleNamespace(metadata=SimpleNamespace(resource_version=meta["resourceVersion"]))
 
     def touch(self, name: str) -> None:
@@ -211,3 +214,11 @@ def test_a_view_without_a_resource_version_never_swaps(monkeypatch: pytest.Monke
     del view["metadata"]["resourceVersion"]
     run_pass(monkeypatch, core, Hooks(core), view)
     assert kinds(core) == [], core.calls
+
+
+def test_no_swap_on_an_answer_without_a_resource_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Guarded by nothing, the state write after the swap could land over a newer node.
+    core = FakeCore(swapping(rv="7"), answers_without_version=True)
+    status = run_pass(monkeypatch, core, Hooks(core), swapping(rv="7"))
+    assert kinds(core) == ["patch"], core.calls
+    assert any("no resourceVersion" in e for e in status.errors), status.errors
