@@ -59,8 +59,10 @@ class RolloutHooks(Protocol):
         deterministic name, delete a driver pod only while it is stale, ...).
         Raising leaves the node in ``swapping`` to be retried on the next pass, and
         so does changing the Node object itself (the rollout's own write is guarded
-        by the resourceVersion it observed), after which the repeated call finds
-        nothing left to do.
+        by the resourceVersion of the marker write it made just before the call),
+        after which the repeated call finds nothing left to do. It is called only
+        after that marker write, guarded by the resourceVersion the pass observed,
+        has landed: never from a stale view of the node.
         """
         ...
 

@@ -37,20 +37,24 @@ def patch_body(patch: NodePatch, resource_version: str | None) -> dict[str, Any]
     return body
 
 
-class PatchOutcome(Enum):
-    APPLIED = "applied"
-    STALE = "stale"
-    """The node changed since it was observed (or is gone); the next pass re-plans it."""
+def patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) -> str | None:
+    """Apply ``body``; the node's resourceVersion after it, or None when refused as stale.
 
-
-def patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) -> PatchOutcome:
+    Stale: the node changed since it was observed (or is gone); the next pass
+    re-plans it. The resourceVersion returned ("" if the answer lacks one) is what
+    a following write guards on: a no-op patch returns the one it was guarded by,
+    so it proves the observed node current without changing it.
+    """
     try:
-        core.patch_node(name, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH)
+        node: Any = core.patch_node(
+            name, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+        )
     except ApiException as e:
         if e.status in (404, 409):
-            return PatchOutcome.STALE
+            return None
         raise
-    return PatchOutcome.APPLIED
+    metadata = getattr(node, "metadata", None)
+    return str(getattr(metadata, "resource_version", None) or "")
 
 
 def list_pods_on_node(core: client.CoreV1Api, node: str, label_selector: str = "") -> list[Obj]:

@@ -36,6 +36,10 @@ ROLLOUT_REASON_SUFFIX = ".reason"
 """Annotation. Machine-readable reason of the last transition (``EvictionBlocked``, ...)."""
 ROLLOUT_MESSAGE_SUFFIX = ".message"
 """Annotation. Human-readable detail of the last transition."""
+ROLLOUT_SWAP_SUFFIX = ".swap"
+"""Annotation. The target whose swap the rollout is about to start; written, guarded by the
+observed resourceVersion, right before the swap hook is called, and removed by the write
+that takes the node out of ``swapping``."""
 ROLLOUT_SUFFIXES = (
     ROLLOUT_STATE_SUFFIX,
     ROLLOUT_SINCE_SUFFIX,
@@ -45,6 +49,7 @@ ROLLOUT_SUFFIXES = (
     ROLLOUT_GATES_SUFFIX,
     ROLLOUT_REASON_SUFFIX,
     ROLLOUT_MESSAGE_SUFFIX,
+    ROLLOUT_SWAP_SUFFIX,
 )
 
 HOLDER_ANNOTATION = f"{ROLLOUT_PREFIX}/holder"
@@ -80,6 +85,7 @@ class RolloutKeys:
     gates: str
     reason: str
     message: str
+    swap: str
     holder_id: str
     """This policy's value in the node's holder annotation."""
 
@@ -95,6 +101,7 @@ class RolloutKeys:
             gates=base + ROLLOUT_GATES_SUFFIX,
             reason=base + ROLLOUT_REASON_SUFFIX,
             message=base + ROLLOUT_MESSAGE_SUFFIX,
+            swap=base + ROLLOUT_SWAP_SUFFIX,
             holder_id=policy_id,
         )
 
@@ -108,4 +115,5 @@ class RolloutKeys:
             self.gates,
             self.reason,
             self.message,
+            self.swap,
         )

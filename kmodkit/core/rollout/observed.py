@@ -31,6 +31,8 @@ class NodeRecord:
     """Deploy-gate label values before the rollout set them (None: label was absent)."""
     reason: str = ""
     message: str = ""
+    swap: str | None = None
+    """The target whose swap was cleared to start (the marker written before the swap hook)."""
 
     @property
     def leftovers(self) -> bool:
@@ -130,6 +132,7 @@ def record_from(annotations: Mapping[str, str], keys: RolloutKeys) -> NodeRecord
         gates=_gates(annotations.get(keys.gates)),
         reason=annotations.get(keys.reason, ""),
         message=annotations.get(keys.message, ""),
+        swap=annotations.get(keys.swap),
     )
 
 

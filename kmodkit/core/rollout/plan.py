@@ -3,10 +3,12 @@
 Every pass rebuilds the whole picture from the cluster, so the planner holds no
 memory: each node moves at most one state per pass, and each move is a single
 merge patch of the node (state label, annotations and cordon together), so a
-crash between passes never leaves a half-made transition. A node is started
-only when the budgets have room after counting every node already in flight or
-unavailable, so no interleaving of passes can overrun them. A node that is down,
-or cordoned by someone else, is not started at all (see ``hold_of``).
+crash between passes never leaves a half-made transition. The swap alone is
+preceded by a write, its marker, that must land before the backend's swap hook
+is called (``Step.swap_marker``). A node is started only when the budgets have
+room after counting every node already in flight or unavailable, so no
+interleaving of passes can overrun them. A node that is down, or cordoned by
+someone else, is not started at all (see ``hold_of``).
 """
 
 from __future__ import annotations
@@ -44,12 +46,20 @@ class Step:
     message: str = ""
     patch: NodePatch | None = None
     evict: tuple[PodView, ...] = ()
-    swap: bool = False
-    """Call the backend's swap hook before writing the patch."""
+    swap_marker: NodePatch | None = None
+    """For a swap step: written first, guarded by the observed resourceVersion. Only once it
+    lands is the backend's swap hook called, and ``patch`` is then guarded by the
+    resourceVersion that write returned: a pass planning from a stale view (a replica that
+    lost leadership, a lagging cache) is refused before it swaps anything."""
 
     @property
     def moves(self) -> bool:
         return self.patch is not None
+
+    @property
+    def swap(self) -> bool:
+        """Whether the step calls the backend's swap hook (between its two writes)."""
+        return self.swap_marker is not None
 
 
 @dataclass(frozen=True)
@@ -146,12 +156,17 @@ def _move(
         keys.reason: reason or None,
         keys.message: message or None,
     }
+    if to is not State.SWAPPING and (view.state is State.SWAPPING or view.record.swap is not None):
+        # The swap's marker lives only while the node is in ``swapping``. A swap step's
+        # view predates its own marker, so leaving ``swapping`` always removes it.
+        ann[keys.swap] = None
     ann.update(annotations or {})
     ann.update(_claim(view, ctx, to))
     lab: dict[str, str | None] = {keys.state: None if to is None else to.value}
     lab.update(labels or {})
     patch = NodePatch(labels=lab, annotations=ann, unschedulable=unschedulable)
-    return Step(view.name, view.state, to, reason, message, patch, swap=swap)
+    marker = NodePatch(annotations={keys.swap: ctx.target}) if swap else None
+    return Step(view.name, view.state, to, reason, message, patch, swap_marker=marker)
 
 
 def _cordoned_by_rollout(view: NodeView) -> bool:
@@ -230,7 +245,9 @@ def _back_out(view: NodeView, ctx: Context) -> Step | None:
         return _move(view, ctx, State.UNCORDONING, reason=reason, message=message)
     if view.record.leftovers:
         return _finish(view, ctx)
-    return _move(view, ctx, None) if view.state is not None else None
+    if view.state is not None or view.record.swap is not None:
+        return _move(view, ctx, None)
+    return None
 
 
 def hold_of(view: NodeView, policy: UpgradePolicy, holder_id: str = "") -> Hold | None:
@@ -434,9 +451,12 @@ def _swap(view: NodeView, ctx: Context) -> Step:
             message=f"the backend could not start the change within {timeout}s; "
             "see the operator log",
         )
-    # If the swap itself changed the node, the write (guarded by the node's
-    # observed resourceVersion) is refused; the next pass calls the idempotent
-    # swap again and then moves on. Never writing over a newer node is worth it.
+    # The swap hook runs only after the marker write, guarded by the observed
+    # resourceVersion, has landed: a stale view never swaps. If the swap itself
+    # changed the node, the state write (guarded by the marker write's
+    # resourceVersion) is refused; the next pass rewrites the marker (a no-op that
+    # still proves its view current), calls the idempotent swap again and moves on.
+    # Never writing over a newer node is worth it.
     return _move(view, ctx, State.VALIDATING, swap=True)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +28,10 @@ from kmodkit.core.rollout.states import IN_FLIGHT, State
 from kmodkit.core.rollout.status import RolloutStatus, summarize
 
 log = logging.getLogger("kmodkit.rollout")
+
+NO_RESOURCE_VERSION = (
+    "the apiserver's answer carries no resourceVersion (a swap is never started on such an answer)"
+)
 
 
 @dataclass
@@ -147,6 +151,33 @@ def _evict(core: client.CoreV1Api, step: Step, run: _Pass) -> None:
             run.evictions_blocked += 1
 
 
+def write_step(
+    step: Step,
+    resource_version: str,
+    write: Callable[[dict[str, Any]], str | None],
+    swap: Callable[[], bool],
+) -> bool:
+    """Write ``step``'s patch, and for a swap step call ``swap`` only once a write has
+    proven the view current; whether the step's patch landed.
+
+    ``write`` sends one merge patch and returns the node's resourceVersion after it
+    (None: refused as stale, or failed); ``swap`` calls the backend's hook and says
+    whether it did. The swap comes after its marker write, guarded by the observed
+    ``resource_version``, and before the state write, guarded by the resourceVersion
+    the marker write returned: a view that is not current never swaps, and a swap
+    that changed the node leaves it in ``swapping`` for the next pass.
+    """
+    assert step.patch is not None
+    if step.swap_marker is not None:
+        if not resource_version:
+            return False  # unguarded, the marker write would prove nothing
+        proof = write(apply.patch_body(step.swap_marker, resource_version))
+        if not proof or not swap():
+            return False
+        resource_version = proof
+    return write(apply.patch_body(step.patch, resource_version)) is not None
+
+
 def _move(
     core: client.CoreV1Api,
     step: Step,
@@ -158,23 +189,28 @@ def _move(
     involved: Mapping[str, str] | None,
     run: _Pass,
 ) -> None:
-    assert step.patch is not None
-    if step.swap:
+    def write(body: dict[str, Any]) -> str | None:
+        try:
+            resource_version = apply.patch_node(core, step.node, body)
+        except Exception as err:
+            run.error(f"patching node {step.node}", err)
+            return None
+        run.writes += 1
+        if resource_version == "":
+            run.error(f"patching node {step.node}", ValueError(NO_RESOURCE_VERSION))
+        return resource_version
+
+    def swap() -> bool:
         # Every call, effective or not, so a crash's repeated swap can be told from the log.
         log.info("rollout %s on node %s: swap hook called for %s", policy_id, step.node, target)
         try:
             hooks.swap(node)
         except Exception as err:
             run.error(f"swap({step.node})", err)
-            return
-    body = apply.patch_body(step.patch, view.resource_version)
-    try:
-        outcome = apply.patch_node(core, step.node, body)
-    except Exception as err:
-        run.error(f"patching node {step.node}", err)
-        return
-    run.writes += 1
-    if outcome is apply.PatchOutcome.STALE:
+            return False
+        return True
+
+    if not write_step(step, view.resource_version, write, swap):
         return
     run.applied.append(step)
     reason, message = _describe(step, policy_id)

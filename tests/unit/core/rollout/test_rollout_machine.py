@@ -3,30 +3,35 @@
 Hypothesis drives a simulated fleet (raw Node objects, pods, a backend whose
 swap is idempotent) through arbitrary interleavings of operator passes, kills
 in the middle of a pass (only a prefix of its writes lands, and a kill can fall
-between a swap and the write that records it), pod and node events, admin
-cordons and the clock. The world changes between passes: a pass's writes take
-milliseconds, and a node changed under one is refused by the resourceVersion
-guard every write carries (modelled: a swap that touches the node makes the
-write that follows it stale). Every pass goes through the product's own path: views
-from the raw nodes (``node_view_from``), ``plan``, and the merge patches of
-``apply.patch_body``. The simulated cluster and backend are stand-ins for the
-apiserver and a driver; what is under test is the planner's decisions.
+after a swap's marker write or between the swap and the write that records it),
+pod and node events, admin cordons and the clock. The world changes between
+passes: a pass's writes take milliseconds, and a node changed under one is
+refused by the resourceVersion guard every write carries (modelled: a swap that
+touches the node makes the write that follows it stale). Every pass goes through
+the product's own path: views from the raw nodes (``node_view_from``), ``plan``,
+and ``reconcile.write_step`` (the merge patches of ``apply.patch_body``, the swap
+only after its guarded marker write has landed). The simulated cluster and
+backend are stand-ins for the apiserver and a driver; what is under test is the
+planner's decisions and the order of a swap step's writes.
 
 Safety, checked at every write: the in-flight and unavailability budgets, legal
 state moves only, an admin's cordon never lifted, the swap hook called only in
-``swapping`` and never again for a node whose swap was recorded for the same
-target, no start while paused or halted, no start of a node that is NotReady
-or that an admin cordoned (unless the policy upgrades cordoned nodes), and no
-swap under an admin's cordon either. Every pass reports the nodes it holds back
-for being down (``NodeNotReady``) or cordoned (``ExternalCordon``). Liveness, at
-the end: once the cluster behaves (nodes Ready, disruptions allowed, swaps
-healthy), every node finishes except those an admin keeps cordoned and those
-waiting only because such nodes fill maxUnavailable; once the admins uncordon
-too, every node finishes and the rollout leaves no cordon of its own behind.
+``swapping``, with the marker for the current target on the node, and never
+again for a node whose swap was recorded for the same target, the marker gone
+once the node leaves ``swapping``, no start while paused or halted, no start of
+a node that is NotReady or that an admin cordoned (unless the policy upgrades
+cordoned nodes), and no swap under an admin's cordon either. Every pass reports
+the nodes it holds back for being down (``NodeNotReady``) or cordoned
+(``ExternalCordon``). Liveness, at the end: once the cluster behaves (nodes
+Ready, disruptions allowed, swaps healthy), every node finishes except those an
+admin keeps cordoned and those waiting only because such nodes fill
+maxUnavailable; once the admins uncordon too, every node finishes and the
+rollout leaves no cordon of its own behind.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +47,10 @@ from hypothesis.stateful import (
 
 from kmodkit.core.contract.hooks import Failed, Pending, Validated, Validation
 from kmodkit.core.contract.policy import UpgradePolicy
-from kmodkit.core.rollout.apply import patch_body
 from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, PodView, node_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
+from kmodkit.core.rollout.reconcile import write_step
 from kmodkit.core.rollout.states import BEFORE_SWAP, IN_FLIGHT, NEEDS_PODS, State
 from kmodkit.core.rollout.status import summarize
 
@@ -141,6 +146,22 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = value
 
 
+def _apply(raw: dict[str, Any], body: dict[str, Any]) -> str | None:
+    """A node patch as the apiserver takes it: refused (None) when the resourceVersion it
+    carries is not the node's; else applied, the resourceVersion raised only if something
+    changed (a no-op write leaves it), and the node's resourceVersion returned."""
+    meta = raw["metadata"]
+    guard = body["metadata"].get("resourceVersion")
+    if guard and guard != meta["resourceVersion"]:
+        return None
+    before = copy.deepcopy(raw)
+    _merge(raw, body)
+    meta["resourceVersion"] = before["metadata"]["resourceVersion"]
+    if raw != before:
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+    return str(meta["resourceVersion"])
+
+
 class RolloutMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -203,12 +224,16 @@ class RolloutMachine(RuleBasedStateMachine):
         )
         return view
 
-    @rule(kill_at=st.one_of(st.none(), st.integers(0, 6)), kill_after_swap=st.booleans())
-    def operator_pass(self, kill_at: int | None, kill_after_swap: bool) -> None:
-        """One pass; killed after ``kill_at`` writes, or between a swap and its record."""
-        self._pass(kill_at, kill_after_swap)
+    @rule(
+        kill_at=st.one_of(st.none(), st.integers(0, 6)),
+        kill_in_swap=st.sampled_from([None, "after-marker", "after-swap"]),
+    )
+    def operator_pass(self, kill_at: int | None, kill_in_swap: str | None) -> None:
+        """One pass; killed after ``kill_at`` writes, or in a swap step: once its marker
+        landed (before the swap), or between the swap and the write that records it."""
+        self._pass(kill_at, kill_in_swap)
 
-    def _pass(self, kill_at: int | None = None, kill_after_swap: bool = False) -> int:
+    def _pass(self, kill_at: int | None = None, kill_in_swap: str | None = None) -> int:
         """One pass, as reconcile makes it; how many steps it planned."""
         views = [self._view(s) for s in self.nodes.values()]
         by_name = {v.name: v for v in views}
@@ -221,11 +246,11 @@ class RolloutMachine(RuleBasedStateMachine):
         self._check_held(views, p)
         # As reconcile: every other step first, then the starts.
         for i, step in enumerate([s for s in p.steps if not _is_start(s)] + starts):
-            if i == kill_at or not self._write(step, by_name[step.node], kill_after_swap):
+            if i == kill_at or not self._write(step, by_name[step.node], kill_in_swap):
                 break
         return len(p.steps)
 
-    def _write(self, step: Step, view: NodeView, kill_after_swap: bool) -> bool:
+    def _write(self, step: Step, view: NodeView, kill_in_swap: str | None) -> bool:
         """Apply one step as reconcile does; False when the operator died doing it."""
         sim = self.nodes[step.node]
         for pod in step.evict:
@@ -233,15 +258,22 @@ class RolloutMachine(RuleBasedStateMachine):
                 sim.pods = [p for p in sim.pods if p.ref != pod.ref]
         if step.patch is None:
             return True
-        if step.swap:
-            self._swap(sim)
-            if kill_after_swap:  # killed before the write that records the swap
-                return False
-        if sim.raw["metadata"]["resourceVersion"] != view.resource_version:
-            return True  # refused over a newer node (the next pass re-plans it)
         disrupted_before = _disrupted(sim)
-        _merge(sim.raw, patch_body(step.patch, None))
-        self._changed(sim)
+        killed = False
+
+        def swap() -> bool:
+            nonlocal killed
+            killed = kill_in_swap is not None
+            if kill_in_swap != "after-marker":
+                self._swap(sim)
+            return not killed
+
+        # The product's own order of the marker write, the swap and the state write.
+        if not write_step(step, view.resource_version, lambda body: _apply(sim.raw, body), swap):
+            return not killed  # refused over a newer node (the next pass re-plans it)
+        annotations = sim.raw["metadata"]["annotations"]
+        if sim.state is not State.SWAPPING:
+            assert KEYS.swap not in annotations, f"{step.node}: swap marker left in {sim.state}"
         assert (step.before, step.after) in LEGAL, f"{step.node}: {step.before} -> {step.after}"
         if sim.admin_cordon:
             assert sim.cordoned, f"{step.node}: the admin's cordon was lifted"
@@ -261,6 +293,8 @@ class RolloutMachine(RuleBasedStateMachine):
 
     def _swap(self, sim: SimNode) -> None:
         assert sim.state is State.SWAPPING, f"{sim.name}: swapped in state {sim.state}"
+        marker = sim.raw["metadata"]["annotations"].get(KEYS.swap)
+        assert marker == self.target, f"{sim.name}: swapped with marker {marker!r} on the node"
         assert sim.name not in self.recorded_swap, f"{sim.name}: swapped twice"
         assert self.policy.upgrade_cordoned_nodes or not sim.admin_cordon, (
             f"{sim.name}: swapped under an admin's cordon"
@@ -457,8 +491,10 @@ two_policies = st.builds(
 
 
 class SharedNodesMachine(RuleBasedStateMachine):
-    """Safety, at every write: no node is ever in flight for both rollouts, and a
-    node in flight for one carries that rollout's claim. Liveness: once passes run
+    """Safety, at every write: no node is ever in flight for both rollouts, a node in
+    flight for one carries that rollout's claim, a swap happens only on a node in
+    ``swapping`` for that rollout alone (a replica's stale snapshot never swaps), and
+    no marker outlives the swap. Liveness: once passes run
     uninterrupted, both rollouts finish every node and no claim or cordon is left."""
 
     def __init__(self) -> None:
@@ -521,14 +557,21 @@ class SharedNodesMachine(RuleBasedStateMachine):
         raw = self.raw[step.node]
         if step.patch is None:
             return
-        if step.swap:
+
+        def swap() -> bool:
             assert self._in_flight(step.node) == [rollout], f"{step.node}: swapped while shared"
+            state = raw["metadata"]["labels"].get(ROLLOUTS[rollout].state)
+            assert state == State.SWAPPING, f"{step.node}: {rollout} swapped in state {state}"
             self.versions[(step.node, rollout)] = FIRST
-        if raw["metadata"]["resourceVersion"] != view.resource_version:
+            return True
+
+        # The product's own order: the swap only once its marker write, guarded by the
+        # view's resourceVersion, has landed, so a stale snapshot swaps nothing.
+        if not write_step(step, view.resource_version, lambda body: _apply(raw, body), swap):
             return  # refused by the resourceVersion precondition
-        _merge(raw, patch_body(step.patch, None))
         meta = raw["metadata"]
-        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        if meta["labels"].get(ROLLOUTS[rollout].state) != State.SWAPPING.value:
+            assert ROLLOUTS[rollout].swap not in meta["annotations"], f"{step.node}: marker kept"
         in_flight = self._in_flight(step.node)
         assert len(in_flight) <= 1, f"{step.node}: in flight for {in_flight}"
         holder = meta["annotations"].get(HOLDER_ANNOTATION)
@@ -550,11 +593,26 @@ class SharedNodesMachine(RuleBasedStateMachine):
     def replica_observes(self, rollout: str) -> None:
         self.snapshots[rollout] = self._views(rollout)
 
-    @precondition(lambda self: bool(self.snapshots))
+    @precondition(lambda self: any(self._swapping(r) for r in ROLLOUTS))
     @rule(data=st.data())
-    def replica_plans_from_its_older_snapshot(self, data: st.DataObject) -> None:
+    def replica_observes_a_swap(self, data: st.DataObject) -> None:
+        """As ``replica_observes``, while a node is in ``swapping``: the snapshot that,
+        planned from once the node has moved on, would call the swap hook again."""
+        rollout = data.draw(st.sampled_from([r for r in sorted(ROLLOUTS) if self._swapping(r)]))
+        self.snapshots[rollout] = self._views(rollout)
+
+    def _swapping(self, rollout: str) -> bool:
+        key = ROLLOUTS[rollout].state
+        return any(r["metadata"]["labels"].get(key) == State.SWAPPING for r in self.raw.values())
+
+    @precondition(lambda self: bool(self.snapshots))
+    @rule(data=st.data(), lagging=st.booleans())
+    def replica_plans_from_its_older_snapshot(self, data: st.DataObject, lagging: bool) -> None:
+        """A pass from the replica's snapshot; a lagging cache (or a replica that lost
+        leadership and has not noticed) plans from the same old views again later."""
         rollout = data.draw(st.sampled_from(sorted(self.snapshots)))
-        self._pass(rollout, self.snapshots.pop(rollout))
+        views = self.snapshots[rollout] if lagging else self.snapshots.pop(rollout)
+        self._pass(rollout, views)
 
     @rule(seconds=st.sampled_from([5, 30, 400]))
     def time_passes(self, seconds: int) -> None:

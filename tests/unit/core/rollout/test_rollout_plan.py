@@ -544,9 +544,31 @@ def test_swapping_calls_the_backend_then_validates() -> None:
     assert step.swap and step.after is State.VALIDATING
 
 
+def test_a_swap_is_preceded_by_a_marker_write_naming_the_target() -> None:
+    step = only_step([node(state=State.SWAPPING, record=record())])
+    assert step.swap_marker == NodePatch(annotations={KEYS.swap: TARGET})
+    # The state write that follows the swap removes the marker again.
+    assert annotations_of(step)[KEYS.swap] is None
+
+
 def test_a_swap_that_cannot_start_in_time_fails() -> None:
-    step = only_step([later(node(state=State.SWAPPING, record=record()), 601)])
+    step = only_step([later(node(state=State.SWAPPING, record=record(swap=TARGET)), 601)])
     assert (step.after, step.reason, step.swap) == (State.FAILED, "SwapFailed", False)
+    assert annotations_of(step)[KEYS.swap] is None
+
+
+def test_no_move_before_the_swap_carries_the_marker() -> None:
+    draining = node(state=State.DRAINING, record=record(), pods=())
+    step = only_step([draining], UpgradePolicy(drain={"enable": True}))
+    assert step.after is State.SWAPPING and not step.swap
+    assert KEYS.swap not in annotations_of(step)
+
+
+def test_a_marker_left_on_an_idle_node_is_removed() -> None:
+    # An admin cleared the state label mid-swap, on a node the rollout neither
+    # cordoned nor gated: nothing else is left to undo.
+    view = node(needs_update=False, record=record(swap=TARGET))
+    assert annotations_of(only_step([view]))[KEYS.swap] is None
 
 
 def test_a_swapped_node_is_not_backed_out_even_if_it_no_longer_needs_the_change() -> None:
