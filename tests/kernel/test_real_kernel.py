@@ -6,7 +6,8 @@ mounts this machine's root read-only over virtio-9p and runs
 ``vm_scenario.py`` with this interpreter, so the agent under test is this
 checkout. Two boots serve every test here: the plain one (``vm_scenario.py``),
 and the signature boot (``vm_signature_scenario.py``: Secure Boot on under OVMF,
-``module.sig_enforce=1``, the test signer a Machine Owner Key).
+``module.sig_enforce=1``, the test signer a Machine Owner Key; the modules it signed are
+made by the signing pipeline, ``kmodkit-sign`` against a real registry).
 Each test asserts one check a scenario reported on the console.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from kmodkit_dev import registry as devregistry
+from tests.integration.oci_images import Client, layer_files
+from tests.integration.signing_support import Kernel, unsigned_layers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -148,10 +154,69 @@ def vm_checks(kernel_cache: Path) -> dict[str, Any]:
     return boot(kernel_cache, append=[])
 
 
+def pipeline_signed(cache: Path, where: Path) -> Path:
+    """prepare.sh's signers, with the trusted signer's modules signed by the pipeline.
+
+    The unsigned test modules are pushed as an image to a real registry, and the real
+    ``kmodkit-sign`` (what a sign Job runs) signs them with the trusted signer's key and
+    pushes the signed image; its top layer's modules are what the VM loads as signed by
+    the trusted key. The untrusted signer's modules stay as prepare.sh signed them.
+    """
+    prepared = cache / "signed"
+    signed = where / "signed"
+    signed.mkdir()
+    for entry in prepared.iterdir():
+        if entry.name != "trusted":
+            (signed / entry.name).symlink_to(entry)
+    version = cache.name
+    driver = cache / "driver" / "opt" / "lib" / "modules" / version / "extra"
+    kernel = Kernel(
+        version,
+        (driver / "kmodkit_test_dev.ko").read_bytes(),
+        (driver / "kmodkit_test_dep.ko").read_bytes(),
+    )
+    reg = devregistry.start(where / "registry", "kmodkit", secrets.token_urlsafe(16))
+    try:
+        Client(reg).push_image("test/unsigned", version, unsigned_layers(kernel))
+        config = where / "config.json"
+        config.write_text(reg.dockerconfigjson())
+        command = [
+            sys.executable, "-m", "kmodkit.core.signer.cli",
+            "--unsigned-image", f"{reg.host}/test/unsigned:{version}",
+            "--image", f"{reg.host}/test/signed:{version}",
+            "--file", f"/opt/lib/modules/{version}/extra/kmodkit_test_*.ko",
+            "--key", str(prepared / "trusted.key"), "--cert", str(prepared / "trusted.der"),
+            "--docker-config", str(config),
+        ]  # fmt: skip
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "KMODKIT_REGISTRY_CA": str(reg.ca)},
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        manifest, _ = Client(reg).manifest("test/signed", version)
+        top = layer_files(Client(reg).blob("test/signed", manifest["layers"][-1]["digest"]))
+    finally:
+        reg.stop()
+    extra = signed / "trusted" / "opt" / "lib" / "modules" / version / "extra"
+    extra.mkdir(parents=True)
+    modules = {Path(path).name: content for path, (info, content) in top.items() if info.isfile()}
+    assert sorted(modules) == ["kmodkit_test_dep.ko", "kmodkit_test_dev.ko"], sorted(modules)
+    for name, content in modules.items():
+        assert content is not None
+        (extra / name).write_bytes(content)
+    return signed
+
+
 @pytest.fixture(scope="module")
 def signature_checks(
     kernel_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
+    signed = pipeline_signed(kernel_cache, tmp_path_factory.mktemp("pipeline"))
     # OVMF writes to its variable store (boot entries): each boot gets its own copy.
     variables = tmp_path_factory.mktemp("ovmf") / "OVMF_VARS.fd"
     shutil.copyfile(kernel_cache / "signed" / "OVMF_VARS.fd", variables)
@@ -167,7 +232,7 @@ def signature_checks(
         append=[
             "module.sig_enforce=1",
             "KMODKIT_SCENARIO=vm_signature_scenario.py",
-            f"KMODKIT_SIGNED={kernel_cache / 'signed'}",
+            f"KMODKIT_SIGNED={signed}",
         ],
         firmware=firmware,
     )
