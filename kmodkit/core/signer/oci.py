@@ -23,7 +23,7 @@ import http.client
 import json
 import ssl
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -58,6 +58,23 @@ class Reuse(Enum):
     PRESENT = "present"  # it was there already
     MOUNTED = "mounted"  # linked from the unsigned image's repository, no bytes sent
     UPLOADED = "uploaded"
+
+
+def uncovered_scopes(asked: Sequence[str], held: Sequence[str]) -> list[str]:
+    """The scopes of ``asked`` that ``held`` does not grant. A scope is
+    ``<type>:<name>:<actions>``; actions are a set (registries list ``push,pull`` or
+    ``pull,push`` as they please), and one resource's actions may come from several scopes."""
+    grants: dict[tuple[str, str], set[str]] = {}
+    for scope in held:
+        kind, name, actions = _scope(scope)
+        grants.setdefault((kind, name), set()).update(actions)
+    return [s for s in asked if not _scope(s)[2] <= grants.get(_scope(s)[:2], set())]
+
+
+def _scope(scope: str) -> tuple[str, str, set[str]]:
+    kind, _, rest = scope.partition(":")
+    name, _, actions = rest.rpartition(":")
+    return kind, name, {a for a in actions.split(",") if a}
 
 
 @dataclass
@@ -316,7 +333,7 @@ class Registry:
         if bearer is None or not bearer.params.get("realm"):
             return False
         asked = [s for s in bearer.params.get("scope", "").split(" ") if s]
-        missing = [s for s in asked if s not in self.scopes]
+        missing = uncovered_scopes(asked, self.scopes)
         if not missing:
             return False
         self.scopes = (*self.scopes, *missing)
