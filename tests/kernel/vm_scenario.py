@@ -32,10 +32,10 @@ DEVICE = "/dev/kmodkit_test"
 FIRMWARE_BYTES = os.urandom(5000)
 
 
-def agent(*args: str) -> tuple[int, list[dict[str, Any]]]:
+def agent(*args: str, config: Path = CONFIG) -> tuple[int, list[dict[str, Any]]]:
     command = [sys.executable, "-c", "from kmodkit.agent.cli import main; main()"]
     done = subprocess.run(
-        [*command, "--host-root", str(NODE), "--config", str(CONFIG), *args],
+        [*command, "--host-root", str(NODE), "--config", str(config), *args],
         cwd=REPO,
         capture_output=True,
         text=True,

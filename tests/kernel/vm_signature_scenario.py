@@ -22,10 +22,9 @@ sys.path.insert(0, os.environ["KMODKIT_REPO"])
 from tests.kernel.vm_scenario import (
     DEP,
     DRIVER,
-    NODE,
-    REPO,
     TOP,
     WORK,
+    agent,
     check,
     events,
     loaded,
@@ -71,27 +70,6 @@ def config(variant: str, *, ordered: bool = True) -> Path:
     return path
 
 
-def agent(config_file: Path, *args: str) -> tuple[int, list[dict[str, Any]]]:
-    command = [sys.executable, "-c", "from kmodkit.agent.cli import main; main()"]
-    done = subprocess.run(
-        [*command, "--host-root", str(NODE), "--config", str(config_file), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    records = []
-    for line in done.stdout.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            records.append({"event": "unparsable", "line": line})
-    if done.stderr.strip():
-        records.append({"event": "stderr", "text": done.stderr[-2000:]})
-    return done.returncode, records
-
-
 def modinfo(path: Path, field: str) -> str:
     done = subprocess.run(
         ["modinfo", "-F", field, str(path)], capture_output=True, text=True, check=False
@@ -125,7 +103,7 @@ def sig_enforced() -> tuple[bool, object]:
 def refusal(
     variant: str, *, ordered: bool = True
 ) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
-    code, records = agent(config(variant, ordered=ordered), "load")
+    code, records = agent("load", config=config(variant, ordered=ordered))
     rejected = events(records, "load.signature_rejected")
     return code, (rejected[0] if rejected else {}), records
 
@@ -209,7 +187,7 @@ def our_key_is_a_trusted_machine_owner_key() -> tuple[bool, object]:
 
 
 def trusted_signed_loads() -> tuple[bool, object]:
-    code, records = agent(config("trusted"), "load")
+    code, records = agent("load", config=config("trusted"))
     modules = loaded()
     # The kernel taints with E a module it loaded without a valid signature.
     taint = Path(f"/sys/module/{TOP}/taint").read_text().strip() if TOP in modules else None
