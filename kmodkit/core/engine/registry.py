@@ -332,9 +332,8 @@ class _Session:
         raise _Unreachable(f"registry {self.registry} redirected more than {MAX_REDIRECTS} times")
 
     def _redirect(self, url: str, location: str) -> str:
-        target = urllib.parse.urljoin(url, location)
-        scheme = urllib.parse.urlsplit(target).scheme
-        if scheme != "https" and not (scheme == "http" and self.plain_http):
+        target, scheme = redirect_target(url, location, self.plain_http)
+        if target is None:
             raise _Unreachable(
                 f"registry {self.registry} redirected to a {scheme or 'relative'} address; "
                 "only HTTPS is followed unless registryTLS.insecure is set"
@@ -432,6 +431,15 @@ class _Session:
             # (a status line, no end of headers) must not pass for one.
             raise timed_out
         return _Response(response.status, response.headers, body)
+
+
+def redirect_target(url: str, location: str, plain_http: bool) -> tuple[str | None, str]:
+    """Where a redirect from ``url`` leads, and its scheme; None for a scheme not followed
+    (only HTTPS, and plain HTTP where the user chose it)."""
+    target = urllib.parse.urljoin(url, location)
+    scheme = urllib.parse.urlsplit(target).scheme
+    followed = scheme == "https" or (scheme == "http" and plain_http)
+    return (target if followed else None), scheme
 
 
 def token_in(body: bytes) -> str | None:

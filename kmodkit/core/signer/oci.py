@@ -34,6 +34,7 @@ from kmodkit.core.engine.registry import (
     Credentials,
     basic_auth,
     parse_challenges,
+    redirect_target,
     token_in,
     url_host,
 )
@@ -397,9 +398,8 @@ class Registry:
         )
 
     def _redirect(self, url: str, location: str, what: str) -> str:
-        target = urllib.parse.urljoin(url, location)
-        scheme = urllib.parse.urlsplit(target).scheme
-        if scheme != "https" and not (scheme == "http" and self.plain_http):
+        target, scheme = redirect_target(url, location, self.plain_http)
+        if target is None:
             raise RegistryError(
                 f"registry {self.host} redirected {what} to a {scheme or 'relative'} address; "
                 "only HTTPS is followed unless plain HTTP was chosen (--insecure)"
