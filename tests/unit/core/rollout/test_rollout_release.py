@@ -79,9 +79,7 @@ def test_swapping_before_the_marker_changed_nothing_and_is_released() -> None:
     assert d is not None and d.action is Action.RELEASE
 
 
-@pytest.mark.parametrize(
-    ("state", "extra"), [("swapping", {KEYS.swap: "v2"}), ("validating", {})]
-)
+@pytest.mark.parametrize(("state", "extra"), [("swapping", {KEYS.swap: "v2"}), ("validating", {})])
 def test_a_node_that_leaves_during_its_change_fails_and_keeps_cordon_claim_and_gates(
     state: str, extra: dict[str, str]
 ) -> None:
