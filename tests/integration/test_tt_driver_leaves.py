@@ -4,7 +4,7 @@ gated (evictions refused by a PodDisruptionBudget), it is uncordoned, its deploy
 and the rollout's keys and claim removed, with a ``RolloutReleased`` Event on the node. One
 relabelled out while its new driver is loading (``validating``) may be half-changed: it is kept
 cordoned and claimed as ``failed`` (``LeftDuringChange``) until the admin uncordons it, and then
-released the same way.
+released the same way; deleting the policy releases such a node too, though no longer its own.
 """
 
 from __future__ import annotations
@@ -173,6 +173,46 @@ def test_a_node_relabelled_out_while_its_driver_loads_is_kept_until_uncordoned(
             timeout=60,
         )
         assert not _cordoned(kube_api, node)
+        assert node_labels(kube_api, node).get(GATE) == "true", "deploy gate not restored"
+    finally:
+        builder.building.discard(node)
+        delete_policy(kube_api, DRIVER, policy)
+        delete_nodes(kube_api, [node])
+
+
+def test_deleting_the_policy_releases_a_node_it_kept_after_it_left(
+    dev_cluster: Any, kube_api: Any, env: tuple[str, FakeBuilder]
+) -> None:
+    _, builder = env
+    tag = uuid.uuid4().hex[:6]
+    node, policy = f"ttlv-{tag}", f"drlv-{tag}"
+    keys = RolloutKeys.for_policy(names.driver_policy_id(policy))
+    add_fleet(dev_cluster, kube_api, [node], {SELECTOR: tag, GATE: "true"})
+    try:
+        create_policy(
+            kube_api, DRIVER, demo_objects.driver_policy(policy, "2.8.0", {SELECTOR: tag})
+        )
+        wait_until(lambda: node_labels(kube_api, node).get(KMD) == "2.8.0", "2.8.0 loaded")
+        builder.building.add(node)
+        patch_policy(kube_api, DRIVER, policy, {"spec": {"version": "2.9.0"}})
+        wait_until(
+            lambda: node_labels(kube_api, node).get(keys.state) == "validating",
+            "the swap made, the new driver loading",
+            timeout=90,
+        )
+        label_node(kube_api, node, {SELECTOR: None})
+        wait_until(
+            lambda: node_labels(kube_api, node).get(keys.state) == "failed",
+            "the node failed: it left during its change",
+            timeout=60,
+        )
+        # No longer one of the policy's nodes, it is still released with the policy.
+        delete_policy(kube_api, DRIVER, policy)
+        wait_until(
+            lambda: not _cordoned(kube_api, node) and not _rollout_marks(kube_api, node, keys),
+            "the node uncordoned, the rollout's keys and claim gone",
+            timeout=60,
+        )
         assert node_labels(kube_api, node).get(GATE) == "true", "deploy gate not restored"
     finally:
         builder.building.discard(node)

@@ -281,3 +281,22 @@ def test_a_release_from_a_stale_view_is_refused_and_not_reported(
     assert kinds(core) == ["refused"], core.calls
     assert core.nodes["left"]["spec"]["unschedulable"] is True
     assert status.released == 0 and status.untargeted == []
+
+
+def test_a_failed_node_that_left_is_kept_cordoned_without_a_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failed = gating("kept", rv="7")
+    failed["metadata"]["labels"] = {KEYS.state: "failed"}
+    failed["metadata"]["annotations"][KEYS.reason] = "ValidationTimeout"
+    core = FakeCore(failed)
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    status = reconcile(
+        None, POLICY, UpgradePolicy(), [], Hooks(core), target=TARGET, now=NOW, known_nodes=[failed]
+    )
+    assert kinds(core) == [], core.calls
+    assert ("event", "LeftFailed") in core.calls, core.calls  # the admin is told why
+    assert status.released == 0 and status.writes == 0 and status.transitions == {}
+    assert [(n.name, n.state, n.reason) for n in status.untargeted] == [
+        ("kept", "failed", "LeftFailed")
+    ]
