@@ -116,7 +116,7 @@ def departure_of(node: Obj, keys: RolloutKeys, now: float) -> Departure | None:
             Action.HOLD,
             LEFT_FAILED,
             f"node {name} is no longer targeted by rollout {policy}, which failed here "
-            f"({record.reason or 'no reason recorded'}): it stays cordoned and claimed, "
+            f"({record.reason or 'no reason recorded'}): it stays cordoned, "
             "since the device may be half-changed; check it, then uncordon it "
             "(kubectl uncordon) and the rollout releases it",
         )
@@ -145,10 +145,10 @@ def departure_of(node: Obj, keys: RolloutKeys, now: float) -> Departure | None:
         )
     before = state.value if state is not None else "idle"
     message = f"node {name} is no longer targeted by rollout {policy}; released from {before}"
-    if record.cordon == "rollout":
+    if cordoned:
         message += ", uncordoned"
     if _mid_change(state, record.swap):
-        message += " (the change may be incomplete: the rollout had not cordoned the node)"
+        message += " (its change may be incomplete; it was not under the rollout's cordon)"
     return Departure(
         name, state, Action.RELEASE, RELEASED, message, _guarded(body, resource_version)
     )
