@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from kmodkit.core.rollout import apply
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, node_view_from, pod_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
+from kmodkit.core.rollout.release import Departure, departures
 from kmodkit.core.rollout.states import IN_FLIGHT, State
 from kmodkit.core.rollout.status import RolloutStatus, summarize
 
@@ -43,6 +44,8 @@ class _Pass:
     evictions_blocked: int = 0
     writes: int = 0
     errors: list[str] = field(default_factory=list)
+    departed: list[Departure] = field(default_factory=list)
+    """Untargeted nodes this pass released or failed (the writes that landed) or holds."""
 
     def error(self, what: str, err: Exception) -> None:
         text = f"{what}: {err.reason if isinstance(err, ApiException) else err}"
@@ -220,6 +223,47 @@ def _move(
         recorder.post(ref, reason, message, warning=step.after is State.FAILED)
 
 
+def _depart(
+    core: client.CoreV1Api,
+    departure: Departure,
+    node: Obj,
+    involved: Mapping[str, str] | None,
+    run: _Pass,
+) -> None:
+    """Write one untargeted node's departure (guarded), and report it once it landed."""
+    recorder = events.Recorder(core)
+    refs = [events.node_reference(node), *([dict(involved)] if involved else [])]
+    if departure.body is None:
+        # Held while the admin looks at it: said again at most every 10 minutes, not
+        # on every pass.
+        run.departed.append(departure)
+        for ref in refs:
+            recorder.post(
+                ref,
+                departure.reason,
+                departure.message,
+                warning=True,
+                repeat_after=events.CONDITION_REPEAT_SECONDS,
+            )
+        return
+    if not departure.body["metadata"].get("resourceVersion"):
+        # Unguarded, the patch could undo marks the node no longer has, or miss new ones.
+        run.error(f"releasing node {departure.node}", ValueError("no resourceVersion observed"))
+        return
+    try:
+        landed = apply.patch_node(core, departure.node, departure.body)
+    except Exception as err:
+        run.error(f"releasing node {departure.node}", err)
+        return
+    run.writes += 1
+    if landed is None:
+        return  # the node changed since it was observed; the next pass decides again
+    run.departed.append(departure)
+    log.info(departure.message)
+    for ref in refs:
+        recorder.post(ref, departure.reason, departure.message, warning=departure.warning)
+
+
 def reconcile(
     api: Any,
     policy_id: str,
@@ -232,6 +276,7 @@ def reconcile(
     skip_label: str | None = None,
     involved: Mapping[str, str] | None = None,
     now: float | None = None,
+    known_nodes: Iterable[Obj] = (),
 ) -> RolloutStatus:
     """Advance the rollout ``policy_id`` by one pass and report where it stands.
 
@@ -242,12 +287,24 @@ def reconcile(
     label (nodes with it set to ``"true"`` are left alone). ``involved`` is an
     object reference (apiVersion, kind, name, namespace, uid) of the policy
     object that also receives an Event for every transition.
+
+    ``known_nodes`` are every node the caller knows of (its node cache), as fresh as
+    ``target_nodes``: those outside ``target_nodes`` that carry this rollout's marks
+    (a node that left the request mid-rollout) are released first (``release``).
+    Scanning the caller's cache finds every such node, with the state label or
+    without it, at no API cost; a list by the state label would return every node
+    the rollout has ever reached (each ``done`` or ``required``).
     """
     core = client.CoreV1Api(api)
     keys = RolloutKeys.for_policy(policy_id)
     run = _Pass()
+    clock = time.time() if now is None else now
+    targeted = {str((n.get("metadata") or {}).get("name", "")) for n in target_nodes}
+    by_name = {str((n.get("metadata") or {}).get("name", "")): n for n in known_nodes}
+    for departure in departures(by_name.values(), targeted, keys, clock):
+        _depart(core, departure, by_name[departure.node], involved, run)
     views = [_observe(core, n, keys, policy, hooks, skip_label, run) for n in target_nodes]
-    ctx = Context(policy, keys, target, time.time() if now is None else now, paused)
+    ctx = Context(policy, keys, target, clock, paused)
     the_plan = plan(views, ctx)
     nodes = {v.name: (v, n) for v, n in zip(views, target_nodes, strict=True)}
 
@@ -273,4 +330,5 @@ def reconcile(
         evictions_blocked=run.evictions_blocked,
         writes=run.writes,
         errors=run.errors,
+        departed=run.departed,
     )

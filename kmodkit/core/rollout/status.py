@@ -16,6 +16,7 @@ from pydantic import Field
 from kmodkit.core.api.base import KubeModel
 from kmodkit.core.rollout.observed import NodeView
 from kmodkit.core.rollout.plan import Plan, Step
+from kmodkit.core.rollout.release import Action, Departure
 from kmodkit.core.rollout.states import IN_FLIGHT, State
 
 MAX_NODES = 100
@@ -68,6 +69,12 @@ class RolloutStatus(KubeModel):
     """Nodes with detail to report that did not fit in ``nodes``."""
     errors: list[str] = Field(default_factory=list)
     """API or hook errors of this pass (bounded); the pass retries them next time."""
+    released: int = 0
+    """Counter increment: nodes no longer targeted that this pass took the rollout off."""
+    untargeted: list[NodeRolloutStatus] = Field(default_factory=list)
+    """Nodes no longer targeted that this pass released, failed (they left while their
+    change was under way) or keeps cordoned because the rollout failed there (bounded;
+    the held ones first). None of them counts in ``summary``."""
 
 
 def _waiting_reason(plan: Plan) -> tuple[str, str]:
@@ -97,6 +104,7 @@ def summarize(
     evictions_blocked: int = 0,
     writes: int = 0,
     errors: Sequence[str] = (),
+    departed: Sequence[Departure] = (),
 ) -> RolloutStatus:
     """The status after the steps in ``applied`` (the ones the apiserver accepted)."""
     done: Mapping[str, Step] = {s.node: s for s in applied if s.moves}
@@ -143,6 +151,21 @@ def summarize(
         )
     details.sort(key=lambda d: (_rank(d.state), d.name))
     transitions = Counter((s.after.value if s.after is not None else IDLE) for s in done.values())
+    # A released node goes idle, one that left during its change goes to failed.
+    moved = {Action.RELEASE: IDLE, Action.FAIL: State.FAILED.value}
+    transitions.update(moved[d.action] for d in departed if d.action in moved)
+    untargeted = sorted(
+        (
+            NodeRolloutStatus(
+                name=d.node,
+                state=IDLE if d.action is Action.RELEASE else State.FAILED.value,
+                reason=d.reason,
+                message=d.message,
+            )
+            for d in departed
+        ),
+        key=lambda n: (n.state != State.FAILED.value, n.name),
+    )
     return RolloutStatus(
         summary=summary,
         nodes_by_state=dict(sorted(by_state.items())),
@@ -159,4 +182,6 @@ def summarize(
         nodes=details[:MAX_NODES],
         nodes_omitted=max(0, len(details) - MAX_NODES),
         errors=list(errors)[:MAX_ERRORS],
+        released=sum(1 for d in departed if d.action is Action.RELEASE),
+        untargeted=untargeted[:MAX_NODES],
     )

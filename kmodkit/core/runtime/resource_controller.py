@@ -182,17 +182,15 @@ class ResourceController:
                         )
                 if self.resource.hooks is None:
                     return
-                # A rollout must never leave a node cordoned because its policy went away.
+                # A rollout must never leave a node cordoned because its policy went away:
+                # every node it marked, also one no longer targeted (held after failing
+                # there, or whose release a pass had not landed yet).
                 plan = self.resource.plan(dict(body), self._view(watched, []))
                 if plan.rollout is not None:
                     abandon(
                         self.shared.kube.api,
                         plan.rollout.policy_id,
-                        [
-                            self.shared.raw_nodes[n]
-                            for n in plan.rollout.nodes
-                            if n in self.shared.raw_nodes
-                        ],
+                        list(self.shared.raw_nodes.values()),
                     )
 
     def _view(self, watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]) -> ClusterView:
@@ -350,6 +348,7 @@ class ResourceController:
                 "namespace": str(meta.get("namespace") or ""),
                 "uid": str(meta.get("uid")),
             },
+            known_nodes=list(self.shared.raw_nodes.values()),
         )
         metrics.rollout_pass(self._id, _policy_name(body), result)
         if self.resource.rollout_status is not None:

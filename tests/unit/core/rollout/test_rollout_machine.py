@@ -4,13 +4,17 @@ Hypothesis drives a simulated fleet (raw Node objects, pods, a backend whose
 swap is idempotent) through arbitrary interleavings of operator passes, kills
 in the middle of a pass (only a prefix of its writes lands, and a kill can fall
 after a swap's marker write or between the swap and the write that records it),
-pod and node events, admin cordons and the clock. The world changes between
+pod and node events, admin cordons, nodes leaving the rollout's request (its
+policy's selector shrinks, the node is relabelled) and coming back, and the
+clock. The world changes between
 passes: a pass's writes take milliseconds, and a node changed under one is
 refused by the resourceVersion guard every write carries (modelled: a swap that
 touches the node makes the write that follows it stale). Every pass goes through
-the product's own path: views from the raw nodes (``node_view_from``), ``plan``,
-and ``reconcile.write_step`` (the merge patches of ``apply.patch_body``, the swap
-only after its guarded marker write has landed). The simulated cluster and
+the product's own path: the departures of the nodes no longer targeted
+(``release.departures``, written first, as reconcile does), views from the raw
+nodes (``node_view_from``), ``plan``, and ``reconcile.write_step`` (the merge
+patches of ``apply.patch_body``, the swap only after its guarded marker write has
+landed). The simulated cluster and
 backend are stand-ins for the apiserver and a driver; what is under test is the
 planner's decisions and the order of a swap step's writes.
 
@@ -20,13 +24,18 @@ state moves only, an admin's cordon never lifted, the swap hook called only in
 again for a node whose swap was recorded for the same target, the marker gone
 once the node leaves ``swapping``, no start while paused or halted, no start of
 a node that is NotReady or that an admin cordoned (unless the policy upgrades
-cordoned nodes), and no swap under an admin's cordon either. Every pass reports
+cordoned nodes), and no swap under an admin's cordon either. A node that leaves
+the request is released with nothing of the rollout left on it (cordon, gates,
+keys, claim), except one the rollout failed, or one that left during its change
+(``validating``, or ``swapping`` once the swap's marker is written), which stays
+failed, cordoned and claimed. Every pass reports
 the nodes it holds back for being down (``NodeNotReady``) or cordoned
 (``ExternalCordon``). Liveness, at the end: once the cluster behaves (nodes
 Ready, disruptions allowed, swaps healthy), every node finishes except those an
 admin keeps cordoned and those waiting only because such nodes fill
 maxUnavailable; once the admins uncordon too, every node finishes and the
-rollout leaves no cordon of its own behind.
+rollout leaves no cordon of its own behind. A node no longer targeted is then
+clean, or failed and kept; once the admin uncordons that one, clean too.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.observed import NodeView, PodView, node_view_from
 from kmodkit.core.rollout.plan import Context, Step, plan
 from kmodkit.core.rollout.reconcile import write_step
+from kmodkit.core.rollout.release import Departure, departures
 from kmodkit.core.rollout.states import BEFORE_SWAP, IN_FLIGHT, NEEDS_PODS, State
 from kmodkit.core.rollout.status import summarize
 
@@ -89,6 +99,14 @@ LEGAL = {
     (State.UNCORDONING, State.DONE),
     (State.DONE, State.REQUIRED),
     (State.FAILED, State.REQUIRED),
+}
+
+# What a departure (a node no longer targeted) may do: release the node from any state,
+# or fail it when it left during its change.
+DEPARTURES = {
+    *((state, None) for state in (None, *State)),
+    (State.SWAPPING, State.FAILED),
+    (State.VALIDATING, State.FAILED),
 }
 
 policies = st.builds(
@@ -172,6 +190,8 @@ class RolloutMachine(RuleBasedStateMachine):
         self.recorded_swap: set[str] = set()
         """Nodes whose swap was followed by the write that records it."""
         self.target = FIRST
+        self.targeted: set[str] = set()
+        """The nodes in the rollout's request (the policy's selector, as it stands)."""
 
     # -- the fleet --------------------------------------------------------------
 
@@ -196,6 +216,7 @@ class RolloutMachine(RuleBasedStateMachine):
             raw["metadata"]["labels"] = {}
             raw["metadata"]["annotations"] = {}
             self.nodes[name] = SimNode(raw, pods=pods)
+            self.targeted.add(name)
 
     def _node(self, data: st.DataObject) -> SimNode:
         return self.nodes[data.draw(st.sampled_from(sorted(self.nodes)), label="node")]
@@ -233,13 +254,28 @@ class RolloutMachine(RuleBasedStateMachine):
         landed (before the swap), or between the swap and the write that records it."""
         self._pass(kill_at, kill_in_swap)
 
+    def _targets(self) -> list[SimNode]:
+        return [s for name, s in self.nodes.items() if name in self.targeted]
+
     def _pass(self, kill_at: int | None = None, kill_in_swap: str | None = None) -> int:
-        """One pass, as reconcile makes it; how many steps it planned."""
-        views = [self._view(s) for s in self.nodes.values()]
+        """One pass, as reconcile makes it; how many steps it planned (departures included,
+        the held ones not: they write nothing)."""
+        # As reconcile: the nodes no longer targeted depart first, from the same snapshot.
+        gone = departures(
+            copy.deepcopy([s.raw for s in self.nodes.values()]), self.targeted, KEYS, self.now
+        )
+        writes = [d for d in gone if d.body is not None]
+        for i, departure in enumerate(writes):
+            if i == kill_at:
+                return len(writes)
+            self._depart(departure)
+        if kill_at is not None:
+            kill_at -= len(writes)
+        views = [self._view(s) for s in self._targets()]
         by_name = {v.name: v for v in views}
         p = plan(views, Context(self.policy, KEYS, self.target, self.now, self.paused))
         starts = [s for s in p.steps if _is_start(s)]
-        failed = any(s.state is State.FAILED for s in self.nodes.values())
+        failed = any(s.state is State.FAILED for s in self._targets())
         if starts:
             assert not self.paused, "started a node while paused"
             assert not (self.policy.halt_on_failure and failed), "started a node while halted"
@@ -248,7 +284,39 @@ class RolloutMachine(RuleBasedStateMachine):
         for i, step in enumerate([s for s in p.steps if not _is_start(s)] + starts):
             if i == kill_at or not self._write(step, by_name[step.node], kill_in_swap):
                 break
-        return len(p.steps)
+        return len(p.steps) + len(writes)
+
+    def _depart(self, departure: Departure) -> None:
+        """Write one untargeted node's departure, as reconcile does (guarded)."""
+        sim = self.nodes[departure.node]
+        assert departure.node not in self.targeted, f"{departure.node}: targeted, yet departed"
+        before = sim.state
+        ours = sim.cordoned and sim.raw["metadata"]["annotations"].get(KEYS.cordon) == "rollout"
+        changing = before is State.VALIDATING or (
+            before is State.SWAPPING and KEYS.swap in sim.raw["metadata"]["annotations"]
+        )
+        assert departure.body is not None
+        if _apply(sim.raw, departure.body) is None:
+            return  # refused: the node changed since the snapshot
+        meta = sim.raw["metadata"]
+        after = sim.state
+        assert (before, after) in DEPARTURES, f"{sim.name}: departed {before} -> {after}"
+        if sim.admin_cordon:
+            assert sim.cordoned, f"{sim.name}: the admin's cordon was lifted"
+        if ours and (changing or before is State.FAILED):
+            # Possibly half-changed: never handed back to workloads or to another rollout
+            # before the admin has looked at it.
+            assert after is State.FAILED, f"{sim.name}: released from {before} under its cordon"
+        if after is None:
+            assert meta["annotations"].get(HOLDER_ANNOTATION) != KEYS.holder_id, (
+                f"{sim.name}: released, claim left behind"
+            )
+            assert not any(k in meta["annotations"] for k in KEYS.annotations()), sim.name
+            assert sim.cordoned == sim.admin_cordon, f"{sim.name}: released, left cordoned"
+            assert not meta["labels"].get(GATE), f"{sim.name}: released, gate kept"
+        else:  # left during its change: failed, still cordoned and claimed by the rollout
+            assert sim.cordoned and meta["annotations"].get(KEYS.cordon) == "rollout", sim.name
+            assert meta["annotations"].get(HOLDER_ANNOTATION) == KEYS.holder_id, sim.name
 
     def _write(self, step: Step, view: NodeView, kill_in_swap: str | None) -> bool:
         """Apply one step as reconcile does; False when the operator died doing it."""
@@ -283,7 +351,7 @@ class RolloutMachine(RuleBasedStateMachine):
                 f"{step.node}: started under an admin's cordon"
             )
         if step.before not in IN_FLIGHT and step.after in IN_FLIGHT:
-            in_flight = sum(1 for s in self.nodes.values() if s.state in IN_FLIGHT)
+            in_flight = sum(1 for s in self._targets() if s.state in IN_FLIGHT)
             assert in_flight <= self.policy.max_parallel, f"{step.node}: over maxParallel"
         if not disrupted_before and _disrupted(sim):
             self._check_unavailable(step)
@@ -322,14 +390,14 @@ class RolloutMachine(RuleBasedStateMachine):
         those the rollout is through with (done and current, failed for this target)."""
         return sum(
             1
-            for s in self.nodes.values()
+            for s in self._targets()
             if s.state in IN_FLIGHT or ((s.cordoned or not s.ready) and not self._through_with(s))
         )
 
     def _check_unavailable(self, step: Step) -> None:
         """A write that takes a node out of service must keep the budget."""
         counted = self._unavailable()
-        limit = self.policy.max_unavailable_nodes(len(self.nodes))
+        limit = self.policy.max_unavailable_nodes(len(self.targeted))
         assert counted <= limit, (
             f"{step.node} {step.before} -> {step.after}: {counted} unavailable, "
             f"maxUnavailable {limit}"
@@ -391,6 +459,16 @@ class RolloutMachine(RuleBasedStateMachine):
     def pause(self, paused: bool) -> None:
         self.paused = paused
 
+    @rule(data=st.data())
+    def node_leaves_the_request(self, data: st.DataObject) -> None:
+        """The policy's selector shrinks, the node is relabelled, or another policy takes
+        it over: whatever state the rollout has it in."""
+        self.targeted.discard(self._node(data).name)
+
+    @rule(data=st.data())
+    def node_rejoins_the_request(self, data: st.DataObject) -> None:
+        self.targeted.add(self._node(data).name)
+
     @precondition(lambda self: self.target == FIRST)
     @rule()
     def new_target(self) -> None:
@@ -413,13 +491,39 @@ class RolloutMachine(RuleBasedStateMachine):
             self._changed(sim)
         self._settle()
         self._check_finished(cordons_kept=True)
+        self._check_untargeted(held_kept=True)
         for sim in self.nodes.values():
             if sim.admin_cordon:
                 sim.raw["spec"].pop("unschedulable", None)
                 sim.admin_cordon = False
                 self._changed(sim)
+            elif sim.name not in self.targeted and sim.state is State.FAILED:
+                # The admin has looked at the node the rollout failed and kept, and
+                # uncordons it: that lets the rollout release it.
+                sim.raw["spec"].pop("unschedulable", None)
+                self._changed(sim)
         self._settle()
         self._check_finished(cordons_kept=False)
+        self._check_untargeted(held_kept=False)
+
+    def _check_untargeted(self, held_kept: bool) -> None:
+        """A node no longer targeted carries nothing of the rollout: no cordon of its own,
+        no gate, no key, no claim; except, until the admin uncordons it, one the rollout
+        failed (it may be half-changed), which stays cordoned and claimed."""
+        for name in sorted(set(self.nodes) - self.targeted):
+            sim = self.nodes[name]
+            meta = sim.raw["metadata"]
+            annotations = meta["annotations"]
+            if held_kept and sim.state is State.FAILED:
+                assert sim.cordoned and annotations.get(KEYS.cordon) == "rollout", name
+                assert annotations.get(HOLDER_ANNOTATION) == KEYS.holder_id, name
+                continue
+            assert sim.cordoned == sim.admin_cordon, f"{name}: left cordoned"
+            assert annotations.get(HOLDER_ANNOTATION) is None, f"{name}: claim left behind"
+            assert sim.state is None, f"{name}: left in {sim.state}"
+            assert not meta["labels"].get(GATE), f"{name}: gate kept"
+            kept = [k for k in KEYS.annotations() if k in annotations]
+            assert not kept, f"{name}: keys left behind: {kept}"
 
     def _settle(self) -> None:
         # Each node needs about ten passes; more than that for every node is a stall.
@@ -434,12 +538,12 @@ class RolloutMachine(RuleBasedStateMachine):
             self.now += 30
 
     def _check_finished(self, cordons_kept: bool) -> None:
-        states = {s.name: s.state for s in self.nodes.values()}
+        states = {s.name: s.state for s in self._targets()}
         halted = self.policy.halt_on_failure and State.FAILED in states.values()
         # Nodes an admin keeps cordoned still count against maxUnavailable, so they
         # may hold the others back; nothing else may.
-        full = self._unavailable() >= self.policy.max_unavailable_nodes(len(self.nodes))
-        for sim in self.nodes.values():
+        full = self._unavailable() >= self.policy.max_unavailable_nodes(len(self.targeted))
+        for sim in self._targets():
             left_alone = sim.admin_cordon and not self.policy.upgrade_cordoned_nodes
             if sim.state is None:  # idle: it needed nothing (any more)
                 assert sim.version == self.target, f"{sim.name}: never upgraded"
@@ -449,7 +553,7 @@ class RolloutMachine(RuleBasedStateMachine):
                 )
             else:
                 assert sim.state in (State.DONE, State.FAILED), states
-        for sim in self.nodes.values():
+        for sim in self._targets():
             if sim.state is State.DONE:
                 assert sim.version == self.target, f"{sim.name}: done without the swap"
                 assert sim.cordoned == sim.admin_cordon, f"{sim.name}: left cordoned"
@@ -490,12 +594,25 @@ two_policies = st.builds(
 )
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What one replica saw: the views of the nodes in its request, every raw node, and
+    which nodes its request had."""
+
+    views: list[NodeView]
+    raw: list[dict[str, Any]]
+    targeted: frozenset[str]
+
+
 class SharedNodesMachine(RuleBasedStateMachine):
     """Safety, at every write: no node is ever in flight for both rollouts, a node in
     flight for one carries that rollout's claim, a swap happens only on a node in
     ``swapping`` for that rollout alone (a replica's stale snapshot never swaps), and
-    no marker outlives the swap. Liveness: once passes run
-    uninterrupted, both rollouts finish every node and no claim or cordon is left."""
+    no marker outlives the swap. Nodes leave and rejoin each rollout's request; the
+    departures are planned from the same snapshots. Liveness: once passes run
+    uninterrupted, both rollouts finish every node they cover and no claim or cordon is
+    left, so a node one rollout let go is the other's to take; a node a rollout failed
+    and kept (left during its change) is released once the admin uncordons it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -503,12 +620,15 @@ class SharedNodesMachine(RuleBasedStateMachine):
         self.versions: dict[tuple[str, str], str] = {}
         self.policies: dict[str, UpgradePolicy] = {}
         self.now = 1_000_000.0
-        self.snapshots: dict[str, list[NodeView]] = {}
+        self.snapshots: dict[str, Snapshot] = {}
         """A replica's views, planned later: a second replica racing the first."""
+        self.targeted: dict[str, set[str]] = {}
+        """Each rollout's request: the nodes its policy covers, as it stands."""
 
     @initialize(driver=two_policies, firmware=two_policies, count=st.integers(2, 5))
     def fleet(self, driver: UpgradePolicy, firmware: UpgradePolicy, count: int) -> None:
         self.policies = {"driver": driver, "firmware": firmware}
+        self.targeted = {r: {f"n{i}" for i in range(count)} for r in ROLLOUTS}
         for i in range(count):
             self.raw[f"n{i}"] = {
                 "metadata": {
@@ -524,10 +644,16 @@ class SharedNodesMachine(RuleBasedStateMachine):
             for rollout in ROLLOUTS:
                 self.versions[(f"n{i}", rollout)] = OLD
 
+    def _snapshot(self, rollout: str) -> Snapshot:
+        targeted = frozenset(self.targeted[rollout])
+        return Snapshot(self._views(rollout), copy.deepcopy(list(self.raw.values())), targeted)
+
     def _views(self, rollout: str) -> list[NodeView]:
         keys = ROLLOUTS[rollout]
         views = []
         for name, raw in self.raw.items():
+            if name not in self.targeted[rollout]:
+                continue
             state = raw["metadata"]["labels"].get(keys.state)
             views.append(
                 node_view_from(
@@ -542,8 +668,17 @@ class SharedNodesMachine(RuleBasedStateMachine):
             )
         return views
 
-    def _pass(self, rollout: str, views: list[NodeView], kill_at: int | None = None) -> int:
+    def _pass(self, rollout: str, snapshot: Snapshot, kill_at: int | None = None) -> int:
         keys = ROLLOUTS[rollout]
+        # As reconcile: the nodes the snapshot has out of the request depart first; from an
+        # older snapshot than the cluster, their guarded patches are refused.
+        gone = [d for d in departures(snapshot.raw, snapshot.targeted, keys, self.now) if d.body]
+        for departure in gone:
+            assert departure.body is not None
+            raw = self.raw[departure.node]
+            if _apply(raw, departure.body) is not None:
+                self._check_shared(departure.node)
+        views = snapshot.views
         p = plan(views, Context(self.policies[rollout], keys, FIRST, self.now))
         by_name = {v.name: v for v in views}
         ordered = [s for s in p.steps if not _is_start(s)] + [s for s in p.steps if _is_start(s)]
@@ -551,7 +686,7 @@ class SharedNodesMachine(RuleBasedStateMachine):
             if i == kill_at:
                 break
             self._write(rollout, step, by_name[step.node])
-        return len(p.steps)
+        return len(p.steps) + len(gone)
 
     def _write(self, rollout: str, step: Step, view: NodeView) -> None:
         raw = self.raw[step.node]
@@ -572,11 +707,15 @@ class SharedNodesMachine(RuleBasedStateMachine):
         meta = raw["metadata"]
         if meta["labels"].get(ROLLOUTS[rollout].state) != State.SWAPPING.value:
             assert ROLLOUTS[rollout].swap not in meta["annotations"], f"{step.node}: marker kept"
-        in_flight = self._in_flight(step.node)
-        assert len(in_flight) <= 1, f"{step.node}: in flight for {in_flight}"
+        self._check_shared(step.node)
+
+    def _check_shared(self, node: str) -> None:
+        meta = self.raw[node]["metadata"]
+        in_flight = self._in_flight(node)
+        assert len(in_flight) <= 1, f"{node}: in flight for {in_flight}"
         holder = meta["annotations"].get(HOLDER_ANNOTATION)
         for name in in_flight:
-            assert holder == ROLLOUTS[name].holder_id, f"{step.node}: {name} without its claim"
+            assert holder == ROLLOUTS[name].holder_id, f"{node}: {name} without its claim"
 
     def _in_flight(self, node: str) -> list[str]:
         node_labels = self.raw[node]["metadata"]["labels"]
@@ -587,11 +726,21 @@ class SharedNodesMachine(RuleBasedStateMachine):
         rollout=st.sampled_from(sorted(ROLLOUTS)), kill_at=st.one_of(st.none(), st.integers(0, 4))
     )
     def operator_pass(self, rollout: str, kill_at: int | None) -> None:
-        self._pass(rollout, self._views(rollout), kill_at)
+        self._pass(rollout, self._snapshot(rollout), kill_at)
 
     @rule(rollout=st.sampled_from(sorted(ROLLOUTS)))
     def replica_observes(self, rollout: str) -> None:
-        self.snapshots[rollout] = self._views(rollout)
+        self.snapshots[rollout] = self._snapshot(rollout)
+
+    @rule(rollout=st.sampled_from(sorted(ROLLOUTS)), data=st.data(), leaves=st.booleans())
+    def request_changes(self, rollout: str, data: st.DataObject, leaves: bool) -> None:
+        """A node leaves one rollout's request (its policy's selector shrinks, the node is
+        relabelled) or comes back; the other rollout may then take it over."""
+        node = data.draw(st.sampled_from(sorted(self.raw)), label="node")
+        if leaves:
+            self.targeted[rollout].discard(node)
+        else:
+            self.targeted[rollout].add(node)
 
     @precondition(lambda self: any(self._swapping(r) for r in ROLLOUTS))
     @rule(data=st.data())
@@ -599,7 +748,7 @@ class SharedNodesMachine(RuleBasedStateMachine):
         """As ``replica_observes``, while a node is in ``swapping``: the snapshot that,
         planned from once the node has moved on, would call the swap hook again."""
         rollout = data.draw(st.sampled_from([r for r in sorted(ROLLOUTS) if self._swapping(r)]))
-        self.snapshots[rollout] = self._views(rollout)
+        self.snapshots[rollout] = self._snapshot(rollout)
 
     def _swapping(self, rollout: str) -> bool:
         key = ROLLOUTS[rollout].state
@@ -611,8 +760,8 @@ class SharedNodesMachine(RuleBasedStateMachine):
         """A pass from the replica's snapshot; a lagging cache (or a replica that lost
         leadership and has not noticed) plans from the same old views again later."""
         rollout = data.draw(st.sampled_from(sorted(self.snapshots)))
-        views = self.snapshots[rollout] if lagging else self.snapshots.pop(rollout)
-        self._pass(rollout, views)
+        snapshot = self.snapshots[rollout] if lagging else self.snapshots.pop(rollout)
+        self._pass(rollout, snapshot)
 
     @rule(seconds=st.sampled_from([5, 30, 400]))
     def time_passes(self, seconds: int) -> None:
@@ -621,11 +770,31 @@ class SharedNodesMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not self.raw:
             return
+        self._settle()
+        self._check_settled()
+        # The admin looks at each node a rollout failed and kept after it left that
+        # rollout's request, and uncordons it: the rollout then releases it, and the other
+        # rollout, if it covers the node, may take it.
+        for name, raw in self.raw.items():
+            labels = raw["metadata"]["labels"]
+            if any(
+                labels.get(keys.state) == State.FAILED.value and name not in self.targeted[r]
+                for r, keys in ROLLOUTS.items()
+            ):
+                raw["spec"].pop("unschedulable", None)
+                meta = raw["metadata"]
+                meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        self._settle()
+        self._check_settled()
+
+    def _settle(self) -> None:
         for _ in range(30 * len(self.raw)):
-            moved = sum(self._pass(r, self._views(r)) for r in ROLLOUTS)
+            moved = sum(self._pass(r, self._snapshot(r)) for r in ROLLOUTS)
             if not moved:
                 break
             self.now += 30
+
+    def _check_settled(self) -> None:
         failed_value = State.FAILED.value
         halted = {
             r
@@ -633,7 +802,8 @@ class SharedNodesMachine(RuleBasedStateMachine):
             if self.policies[r].halt_on_failure
             and any(
                 raw["metadata"]["labels"].get(keys.state) == failed_value
-                for raw in self.raw.values()
+                for name, raw in self.raw.items()
+                if name in self.targeted[r]
             )
         }
         for name, raw in self.raw.items():
@@ -641,13 +811,18 @@ class SharedNodesMachine(RuleBasedStateMachine):
             states = {r: meta["labels"].get(k.state) for r, k in ROLLOUTS.items()}
             failed = [r for r, state in states.items() if state == State.FAILED.value]
             if failed:
-                # Timed out while passes stopped: the node stays cordoned and claimed
-                # by the rollout that failed it, so the other one never starts it.
+                # Timed out while passes stopped (or left its request during the change):
+                # the node stays cordoned and claimed by the rollout that failed it, so the
+                # other one never starts it.
                 assert len(failed) == 1, states
                 assert meta["annotations"].get(HOLDER_ANNOTATION) == ROLLOUTS[failed[0]].holder_id
+                assert raw["spec"].get("unschedulable"), f"{name}: failed, not cordoned"
                 assert not self._in_flight(name), states
                 continue
             for rollout in ROLLOUTS:
+                if name not in self.targeted[rollout]:
+                    assert states[rollout] is None, f"{name}: left in {rollout} {states}"
+                    continue
                 if rollout in halted and states[rollout] == State.REQUIRED.value:
                     continue  # halted by its failure elsewhere, as haltOnFailure says
                 assert self.versions[(name, rollout)] == FIRST, f"{name}: {rollout} never ran"

@@ -222,3 +222,81 @@ def test_no_swap_on_an_answer_without_a_resource_version(monkeypatch: pytest.Mon
     status = run_pass(monkeypatch, core, Hooks(core), swapping(rv="7"))
     assert kinds(core) == ["patch"], core.calls
     assert any("no resourceVersion" in e for e in status.errors), status.errors
+
+
+def gating(name: str, rv: str) -> Obj:
+    """A node this rollout has cordoned and claimed, in ``gating``."""
+    node = swapping(rv=rv)
+    node["metadata"]["name"] = name
+    node["metadata"]["uid"] = f"uid-{name}"
+    node["metadata"]["labels"] = {KEYS.state: "gating"}
+    return node
+
+
+def test_a_node_that_left_the_request_is_released_guarded_and_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    left = gating("left", rv="7")
+    core = FakeCore(left)
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "namespace": "ns", "uid": "u"}
+    status = reconcile(
+        None,
+        POLICY,
+        UpgradePolicy(),
+        [],
+        Hooks(core),
+        target=TARGET,
+        now=NOW,
+        involved=involved,
+        known_nodes=[left],
+    )
+    patches = [body for kind, body in core.calls if kind == "patch"]
+    assert len(patches) == 1 and patches[0]["metadata"]["resourceVersion"] == "7"
+    node = core.nodes["left"]
+    assert not node["spec"].get("unschedulable"), "left cordoned"
+    assert KEYS.state not in node["metadata"]["labels"]
+    assert HOLDER_ANNOTATION not in node["metadata"]["annotations"], "claim left behind"
+    assert not any(k.startswith(KEYS.state) for k in node["metadata"]["annotations"])
+    assert [c for c in core.calls if c == ("event", "RolloutReleased")] == [
+        ("event", "RolloutReleased")
+    ] * 2  # on the node and on the policy
+    assert status.released == 1 and status.writes == 1
+    assert status.transitions == {"idle": 1}
+    assert [(n.name, n.state, n.reason) for n in status.untargeted] == [
+        ("left", "idle", "RolloutReleased")
+    ]
+    assert status.summary.targeted == 0
+
+
+def test_a_release_from_a_stale_view_is_refused_and_not_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = gating("left", rv="7")
+    core = FakeCore(gating("left", rv="9"))
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    status = reconcile(
+        None, POLICY, UpgradePolicy(), [], Hooks(core), target=TARGET, now=NOW, known_nodes=[seen]
+    )
+    assert kinds(core) == ["refused"], core.calls
+    assert core.nodes["left"]["spec"]["unschedulable"] is True
+    assert status.released == 0 and status.untargeted == []
+
+
+def test_a_failed_node_that_left_is_kept_cordoned_without_a_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failed = gating("kept", rv="7")
+    failed["metadata"]["labels"] = {KEYS.state: "failed"}
+    failed["metadata"]["annotations"][KEYS.reason] = "ValidationTimeout"
+    core = FakeCore(failed)
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    status = reconcile(
+        None, POLICY, UpgradePolicy(), [], Hooks(core), target=TARGET, now=NOW, known_nodes=[failed]
+    )
+    assert kinds(core) == [], core.calls
+    assert ("event", "LeftFailed") in core.calls, core.calls  # the admin is told why
+    assert status.released == 0 and status.writes == 0 and status.transitions == {}
+    assert [(n.name, n.state, n.reason) for n in status.untargeted] == [
+        ("kept", "failed", "LeftFailed")
+    ]
