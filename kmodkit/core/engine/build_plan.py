@@ -562,12 +562,12 @@ def _builder(
         # vfs copies every layer whole: on the node's disk, not the container's layer.
         {"name": "build-storage", "emptyDir": {}},
     ]
-    args.append(f"--run-volume={HOST_MODULES}")
+    args.append(f"--run-volume={HOST_MODULES}:{HOST_MODULES}")
     for i, secret in enumerate(build.secrets or []):
         path = f"/run/secrets/{secret.name}"
         mounts.append({"name": f"secret-{i}", "mountPath": path, "readOnly": True})
         volumes.append({"name": f"secret-{i}", "secret": {"secretName": secret.name}})
-        args.append(f"--run-volume={path}")
+        args.append(f"--run-volume={path}:{path}")
     if module.spec.image_repo_secret is not None:
         mounts.append({"name": "registry-auth", "mountPath": AUTH_DIR, "readOnly": True})
         volumes.append(

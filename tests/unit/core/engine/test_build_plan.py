@@ -151,7 +151,7 @@ def test_one_build_per_missing_image_never_per_node() -> None:
     assert {"name": "dockerfile", "mountPath": "/workspace", "readOnly": True} in container[
         "volumeMounts"
     ]
-    assert "--run-volume=/host/lib/modules" in args
+    assert "--run-volume=/host/lib/modules:/host/lib/modules" in args
     assert {"name": "build-storage", "emptyDir": {}} in pod["volumes"]
     assert {"name": "build-storage", "mountPath": "/var/lib/containers"} in container[
         "volumeMounts"
@@ -166,7 +166,7 @@ def test_build_secrets_are_mounted_where_kmm_puts_them_and_bound_into_run_steps(
     assert {"name": "secret-0", "mountPath": "/run/secrets/token", "readOnly": True} in container[
         "volumeMounts"
     ]
-    assert "--run-volume=/run/secrets/token" in container["args"]
+    assert "--run-volume=/run/secrets/token:/run/secrets/token" in container["args"]
 
 
 def test_the_builder_runs_as_root_with_named_capabilities_not_privileged() -> None:
