@@ -32,12 +32,14 @@ APPLETS = ("sh", "test", "echo", "cat", "ls", "mkdir")
 
 
 def busybox_layer() -> bytes:
-    """A base image's one layer: busybox and the applets the test Dockerfile runs."""
+    """A base image's one layer: busybox and the applets the test Dockerfile runs, merged
+    /usr as Debian has it."""
     members = [
         Member("usr", None, 0o755),
         Member("usr/bin", None, 0o755),
         Member("usr/bin/busybox", BUSYBOX.read_bytes(), 0o755),
         *(Member(f"usr/bin/{name}", symlink="busybox") for name in APPLETS),
+        Member("bin", symlink="usr/bin"),  # RUN steps start /bin/sh
         Member("tmp", None, 0o1777),
     ]
     return layer(members)
