@@ -519,8 +519,9 @@ BUILDER_CAPABILITIES = (
     "SYS_CHROOT",
     # The chroot isolation makes a mount namespace per RUN step and binds /proc,
     # /sys, /dev and the --run-volume directories into it. Without SYS_ADMIN
-    # buildah falls back to an unprivileged user namespace, which the runtime's
-    # default seccomp profile refuses (unshare and mount need SYS_ADMIN there).
+    # buildah falls back to making a user namespace, which fails in a container
+    # (unshare(CLONE_NEWUSER): EPERM, tried) and which the runtime's default
+    # seccomp profile refuses anyway.
     "SYS_ADMIN",
 )
 
