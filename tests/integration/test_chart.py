@@ -157,6 +157,10 @@ def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> No
     deployment = _one(docs, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2.3")
     assert "KMODKIT_TT_DEPLOY_GATES" not in _env(helm.template())  # the backend's default
+    # The build Jobs' builder: ours (buildah), named and tagged like the chart's other images.
+    assert _env(helm.template())["KMODKIT_BUILDER_IMAGE"] == "ghcr.io/kmodkit/builder:0.1.0"
+    pinned = _env(helm.template("--set", f"builder.image.digest={DIGEST}"))
+    assert pinned["KMODKIT_BUILDER_IMAGE"] == f"ghcr.io/kmodkit/builder:0.1.0@{DIGEST}"
 
 
 def test_the_seeds_value_names_work_as_aliases(each_helm: Helm, tmp_path: Path) -> None:

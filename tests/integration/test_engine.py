@@ -1,8 +1,10 @@
 """The built-in engine on a real cluster, with a real registry (auth + TLS).
 
 kwok nodes of three kernels; images for one kernel already pushed, another
-kernel's built in-cluster (this test plays the builder: when a build Job
-appears it pushes the image, as kaniko would), the third kernel unmapped.
+kernel's built in-cluster (kwok runs no containers, so this test is a stand-in
+for kmodkit-build, the buildah builder: when a build Job appears it pushes an
+image to the Job's ``--destination``, as the builder would), the third kernel
+unmapped.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def _module(name: str, tag: str, reg: Registry, **container: Any) -> dict[str, A
 
 
 class Builder:
-    """Plays kaniko: pushes the image a build Job names, once per Job."""
+    """Stand-in for kmodkit-build: pushes to the build Job's ``--destination``, once per Job."""
 
     def __init__(self, kube_api: Any, namespace: str, reg: Registry) -> None:
         self.built: list[str] = []
@@ -115,7 +117,11 @@ class Builder:
                 break
             job = ev["object"]
             if ev["type"] == "ADDED":
-                image = job.metadata.annotations["kmodkit.io/image"]
+                (container,) = job.spec.template.spec.containers
+                (image,) = [
+                    a.split("=", 1)[1] for a in container.args if a.startswith("--destination=")
+                ]
+                assert image == job.metadata.annotations["kmodkit.io/image"]
                 reg.push(image)
                 self.built.append(image)
 

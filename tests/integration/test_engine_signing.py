@@ -4,8 +4,9 @@ A real control plane with kwok nodes on the kernel our test modules are built fo
 devcluster's registry (TLS, htpasswd). One Module signs a pushed unsigned image; another
 builds it first. kwok runs no containers, so two stand-ins play what a node would run:
 
-- the builder stand-in plays kaniko: when a build Job appears it pushes an image of our
-  real unsigned test modules to the image the Job names;
+- the builder stand-in plays kmodkit-build, the buildah builder: when a build Job appears
+  it pushes an image of our real unsigned test modules to the Job's ``--destination``
+  (tests/realnode/test_builder.py runs the real builder);
 - the kubelet stand-in runs a sign Job's container: it reads the Job's pod template, writes
   the Secrets its volumes name into files, and runs the real ``kmodkit-sign`` with the
   Job's own arguments (mount paths mapped onto those files). Nothing else is played.
@@ -108,6 +109,12 @@ class Node:
             self.seen.append((step, image))
             try:
                 if step == "build":
+                    (container,) = job["spec"]["template"]["spec"]["containers"]
+                    (image,) = [
+                        a.split("=", 1)[1]
+                        for a in container["args"]
+                        if a.startswith("--destination=")
+                    ]
                     ref = image.removeprefix(f"{self.reg.host}/")
                     repository, tag = ref.rsplit(":", 1)
                     Client(self.reg).push_image(repository, tag, unsigned_layers(self.kernel))

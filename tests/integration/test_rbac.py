@@ -143,7 +143,8 @@ def chart_env(kube_api: Any, namespace: str, deployment: str) -> dict[str, str]:
 
 
 class Builder(threading.Thread):
-    """Plays kaniko: pushes the image each new build Job names."""
+    """Stand-in for kmodkit-build (kwok runs no containers): pushes to each new build Job's
+    ``--destination``."""
 
     def __init__(self, kube_api: Any, namespace: str, reg: Registry) -> None:
         super().__init__(daemon=True)
@@ -161,7 +162,11 @@ class Builder(threading.Thread):
                 job = ev["object"]
                 if job.metadata.name not in seen:
                     seen.add(job.metadata.name)
-                    self.reg.push(job.metadata.annotations["kmodkit.io/image"])
+                    (container,) = job.spec.template.spec.containers
+                    (image,) = [
+                        a.split("=", 1)[1] for a in container.args if a.startswith("--destination=")
+                    ]
+                    self.reg.push(image)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -267,10 +267,11 @@ class BuildArg(KubeModel):
 
 
 class KanikoParams(KubeModel):
-    """KMM's builder parameters."""
+    """KMM's builder parameters, under KMM's name; the builder is buildah now."""
 
     tag: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
-    """Tag of the builder image to run instead of the configured one's."""
+    """Tag of the builder image (kmodkit's buildah builder) to run instead of the configured
+    one's."""
 
 
 class Build(KubeModel):
@@ -287,7 +288,8 @@ class Build(KubeModel):
     selector: LabelSelector | None = None
     """Node selector for the build pod."""
     kaniko_params: KanikoParams | None = None
-    """Builder parameters (KMM's): the builder image's tag."""
+    """Builder parameters (KMM's name): the tag of the builder image, kmodkit's buildah
+    builder."""
 
 
 class Sign(KubeModel):

@@ -8,9 +8,10 @@ Job whose name carries the attempt number, so the retry count survives an
 operator restart. The newest Job of an image decides its state.
 
 Each Job records what it was made from (a digest of the Dockerfile text and
-kaniko's arguments and volumes) and the imageRebuildTriggerGeneration it was
-made under. A running build whose inputs changed is replaced; a failed one is
-retried at once, without back-off, when its inputs or the trigger changed.
+of what the build reads: build args, secrets, TLS, push credentials) and the
+imageRebuildTriggerGeneration it was made under. A running build whose inputs
+changed is replaced; a failed one is retried at once, without back-off, when
+its inputs or the trigger changed.
 
 A signed image takes two steps, each a Job of the same kind: the build (if any)
 pushes the unsigned image, then the sign Job pushes the signed one under the
@@ -29,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from kmodkit.core import labels
-from kmodkit.core.api import Build, Module
+from kmodkit.core.api import Build, Module, RegistryTLS
 from kmodkit.core.engine import sign_job
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping
 from kmodkit.core.engine.loader_plan import ImageState, ImageStatus
@@ -42,7 +43,7 @@ BUILD_COMPONENT = "module-build"
 IMAGE_ANNOTATION = f"{labels.KMODKIT_PREFIX}/image"
 ATTEMPT_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-attempt"
 INPUTS_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-inputs"
-"""A digest of what the build reads: the Dockerfile text, kaniko's arguments and volumes."""
+"""A digest of what the build reads: the Dockerfile text, build args, secrets, TLS, login."""
 TRIGGER_ANNOTATION = f"{labels.KMODKIT_PREFIX}/rebuild-trigger"
 """The spec.imageRebuildTriggerGeneration the Job was made under (absent: none was set)."""
 RETRY_ANNOTATION = f"{labels.KMODKIT_PREFIX}/build-retry"
@@ -466,33 +467,89 @@ def _build_nodes(
 def build_inputs(module: Module, image: str, resolved: ResolvedMapping, dockerfile: str) -> str:
     """The digest a build Job records of what it reads.
 
-    The Dockerfile text and kaniko's arguments and volumes: build args, secrets,
-    the ConfigMap's name, push and pull TLS, push credentials. Not the candidate
-    nodes or the builder image, which change without changing the image built.
+    What the build reads, in the builder's terms rather than its flags: the
+    Dockerfile text, the ConfigMap's name, build args, the build secrets' names,
+    push and pull TLS, the push credentials' Secret. Not the candidate nodes, the
+    builder image or the builder's command line: they change (a kanikoParams.tag,
+    a new builder) without changing the image built, and a new digest would
+    replace every running build and retry every failed one at once.
     """
-    args, _, volumes = _kaniko(module, image, resolved)
-    text = json.dumps([args, volumes, dockerfile], sort_keys=True)
+    text = json.dumps([_build_reads(module, image, resolved), dockerfile], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _kaniko(
+def _build_reads(module: Module, image: str, resolved: ResolvedMapping) -> dict[str, Any]:
+    assert resolved.build is not None
+    build = resolved.build
+    secret = module.spec.image_repo_secret
+    return {
+        "image": image,
+        "configMap": build.dockerfile_config_map.name,
+        "buildArgs": [[arg.name, arg.value] for arg in build.build_args or []],
+        "secrets": [s.name for s in build.secrets or []],
+        "pushTLS": _tls(resolved.registry_tls),
+        "pullTLS": _tls(build.base_image_registry_tls),
+        "pushSecret": secret.name if secret is not None else None,
+    }
+
+
+def _tls(tls: RegistryTLS | None) -> list[bool]:
+    """registryTLS as what it does, so an explicit ``false`` equals an absent field."""
+    return [bool(tls and tls.insecure), bool(tls and tls.insecure_skip_tls_verify)]
+
+
+WORKSPACE = "/workspace"
+HOST_MODULES = "/host/lib/modules"
+AUTH_DIR = "/run/kmodkit/registry-auth"
+STORAGE_DIR = "/var/lib/containers"
+BUILDER_CAPABILITIES = (
+    # buildah's default capabilities for RUN steps (Docker's build set): a
+    # Dockerfile's RUN behaves as under `docker build`, and buildah cannot hand
+    # its RUN steps a capability its own bounding set lacks.
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+    # The chroot isolation makes a mount namespace per RUN step and binds /proc,
+    # /sys, /dev and the --run-volume directories into it. Without SYS_ADMIN
+    # buildah falls back to making a user namespace, which fails in a container
+    # (unshare(CLONE_NEWUSER): EPERM, tried) and which the runtime's default
+    # seccomp profile refuses anyway.
+    "SYS_ADMIN",
+)
+
+
+def _builder(
     module: Module, image: str, resolved: ResolvedMapping
 ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """kaniko's arguments, volume mounts and volumes for building ``image``."""
+    """kmodkit-build's arguments, volume mounts and volumes for building ``image``.
+
+    The build secrets and the host's /lib/modules are where KMM's kaniko pod had
+    them, and bound into the RUN steps at the same paths (kaniko's RUN steps saw
+    the pod's files; buildah's see only what is bound in).
+    """
     assert resolved.build is not None
     build = resolved.build
     args = [
-        "--dockerfile=/workspace/Dockerfile",
-        "--context=dir:///workspace",
         f"--destination={image}",
+        f"--dockerfile={WORKSPACE}/Dockerfile",
+        f"--context={WORKSPACE}",
         *tls_flags(resolved.registry_tls, push=True),
         *tls_flags(build.base_image_registry_tls, push=False),
     ]
     for arg in build.build_args or []:
         args.append(f"--build-arg={arg.name}={arg.value}")
     mounts: list[dict[str, Any]] = [
-        {"name": "dockerfile", "mountPath": "/workspace", "readOnly": True},
-        {"name": "host-modules", "mountPath": "/host/lib/modules", "readOnly": True},
+        {"name": "dockerfile", "mountPath": WORKSPACE, "readOnly": True},
+        {"name": "host-modules", "mountPath": HOST_MODULES, "readOnly": True},
+        {"name": "build-storage", "mountPath": STORAGE_DIR},
     ]
     volumes: list[dict[str, Any]] = [
         {
@@ -503,29 +560,34 @@ def _kaniko(
             },
         },
         {"name": "host-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}},
+        # vfs copies every layer whole: on the node's disk, not the container's layer.
+        {"name": "build-storage", "emptyDir": {}},
     ]
+    args.append(f"--run-volume={HOST_MODULES}:{HOST_MODULES}")
     for i, secret in enumerate(build.secrets or []):
-        mounts.append(
-            {"name": f"secret-{i}", "mountPath": f"/run/secrets/{secret.name}", "readOnly": True}
-        )
+        path = f"/run/secrets/{secret.name}"
+        mounts.append({"name": f"secret-{i}", "mountPath": path, "readOnly": True})
         volumes.append({"name": f"secret-{i}", "secret": {"secretName": secret.name}})
+        args.append(f"--run-volume={path}:{path}")
     if module.spec.image_repo_secret is not None:
-        mounts.append({"name": "push-auth", "mountPath": "/kaniko/.docker", "readOnly": True})
+        mounts.append({"name": "registry-auth", "mountPath": AUTH_DIR, "readOnly": True})
         volumes.append(
             {
-                "name": "push-auth",
+                "name": "registry-auth",
                 "secret": {
                     "secretName": module.spec.image_repo_secret.name,
                     "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
                 },
             }
         )
+        args.append(f"--authfile={AUTH_DIR}/config.json")
     return args, mounts, volumes
 
 
 def builder_image(configured: str, build: Build | None) -> str:
-    """The builder image, with ``kanikoParams.tag`` in place of its tag (or digest). Unlike
-    KMM, which cuts at the first ':' or '@', a registry port stays where it is."""
+    """The builder image, with ``kanikoParams.tag`` (KMM's name, kept) in place of its tag
+    (or digest): it tags kmodkit's buildah builder image now. Unlike KMM, which cuts at
+    the first ':' or '@', a registry port stays where it is."""
     tag = build.kaniko_params.tag if build and build.kaniko_params else None
     if tag is None:
         return configured
@@ -562,14 +624,26 @@ def build_job(
     inputs: str,
     retry: int = 0,
 ) -> dict[str, Any]:
-    """A kaniko-compatible build Job that pushes ``image``, made from ``inputs``."""
-    args, mounts, volumes = _kaniko(module, image, resolved)
+    """A build Job that runs kmodkit-build to build and push ``image``, made from ``inputs``."""
+    args, mounts, volumes = _builder(module, image, resolved)
     container = {
-        "name": "kaniko",
+        "name": "build",
         "image": builder_image(settings.builder_image, resolved.build),
         "args": args,
         "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+        # Root in the container (buildah's storage and chroot need it), with the
+        # capabilities of BUILDER_CAPABILITIES and nothing more; not privileged.
+        # The container runtime's AppArmor profile denies mount(2) whatever the
+        # capabilities, so it is off for this container; seccomp stays the
+        # runtime's default, which allows mount and unshare to SYS_ADMIN holders.
+        "securityContext": {
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"], "add": list(BUILDER_CAPABILITIES)},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "appArmorProfile": {"type": "Unconfined"},
+        },
     }
     # matchFields takes one value per term; terms are ORed.
     affinity = {

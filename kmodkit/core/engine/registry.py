@@ -201,7 +201,8 @@ def parse_challenges(header: str) -> list[Challenge]:
 
 
 def tls_flags(tls: RegistryTLS | None, push: bool) -> list[str]:
-    """``registryTLS`` as the flags kaniko and kmodkit-sign take, for pushing or pulling."""
+    """``registryTLS`` as the flags kmodkit-build and kmodkit-sign take (kaniko's), for pushing
+    or pulling."""
     if tls is None:
         return []
     suffix = "" if push else "-pull"

@@ -109,9 +109,7 @@ class ModuleControllerSettings:
                 firmware_host_path=env.get("KMODKIT_FIRMWARE_HOST_PATH", "/var/lib/firmware"),
             ),
             build=BuildSettings(
-                builder_image=env.get(
-                    "KMODKIT_BUILDER_IMAGE", "gcr.io/kaniko-project/executor:v1.23.2"
-                ),
+                builder_image=env.get("KMODKIT_BUILDER_IMAGE", "ghcr.io/kmodkit/builder:0.1.0"),
                 signer_image=env.get("KMODKIT_SIGNER_IMAGE", "ghcr.io/kmodkit/signer:0.1.0"),
             ),
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,

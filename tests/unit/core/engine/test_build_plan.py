@@ -6,13 +6,16 @@ from dataclasses import replace
 from typing import Any
 
 from kmodkit.core.api import Build, Module
+from kmodkit.core.engine import build_plan
 from kmodkit.core.engine.build_plan import (
+    BUILDER_CAPABILITIES,
     REPORTED_ANNOTATION,
     BuildEvent,
     BuildJob,
     BuildPlan,
     BuildSettings,
     backoff,
+    build_inputs,
     build_job_view,
     builder_image,
     job_name,
@@ -25,7 +28,7 @@ from kmodkit.core.nodes import NodeView
 
 K1, K2 = "6.8.0-45-generic", "7.0.0-14-generic"
 IMG1, IMG2 = f"r.io/xe:{K1}", f"r.io/xe:{K2}"
-SETTINGS = BuildSettings(builder_image="gcr.io/kaniko-project/executor:v1.23.2")
+SETTINGS = BuildSettings(builder_image="ghcr.io/kmodkit/builder:0.1.0")
 LOADER = LoaderSettings(agent_image="r.io/agent:1")
 
 
@@ -110,8 +113,15 @@ def test_one_build_per_missing_image_never_per_node() -> None:
     assert out.states[IMG1].state is ImageState.EXISTS
     assert out.states[IMG2].state is ImageState.BUILDING
     pod = job["spec"]["template"]["spec"]
-    args = pod["containers"][0]["args"]
-    assert f"--destination={IMG2}" in args and "--skip-tls-verify" in args
+    (container,) = pod["containers"]
+    assert container["image"] == SETTINGS.builder_image
+    args = container["args"]
+    assert args[:3] == [
+        f"--destination={IMG2}",
+        "--dockerfile=/workspace/Dockerfile",
+        "--context=/workspace",
+    ]
+    assert "--skip-tls-verify" in args
     # User args first, then the injected ones.
     build_args = [a for a in args if a.startswith("--build-arg=")]
     assert build_args[0] == "--build-arg=REF=v1"
@@ -122,13 +132,57 @@ def test_one_build_per_missing_image_never_per_node() -> None:
     ]
     names = {t["matchFields"][0]["values"][0] for t in terms}
     assert names == {n.name for n in NODES if n.kernel == K2}
+    # The Module's pull secret logs the builder in, for the base images and the push.
     assert {
-        "name": "push-auth",
+        "name": "registry-auth",
         "secret": {
             "secretName": "push",
             "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
         },
     } in pod["volumes"]
+    assert {
+        "name": "registry-auth",
+        "mountPath": "/run/kmodkit/registry-auth",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    assert "--authfile=/run/kmodkit/registry-auth/config.json" in args
+    # The Dockerfile from its ConfigMap; the host's modules visible to RUN steps, as under
+    # kaniko; buildah's storage on the node's disk.
+    assert {"name": "dockerfile", "mountPath": "/workspace", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert "--run-volume=/host/lib/modules:/host/lib/modules" in args
+    assert {"name": "build-storage", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "build-storage", "mountPath": "/var/lib/containers"} in container[
+        "volumeMounts"
+    ]
+
+
+def test_build_secrets_are_mounted_where_kmm_puts_them_and_bound_into_run_steps() -> None:
+    (job,) = builds(module(secrets=[{"name": "token"}]), BOTH_MISSING, []).create
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "secret-0", "secret": {"secretName": "token"}} in pod["volumes"]
+    assert {"name": "secret-0", "mountPath": "/run/secrets/token", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert "--run-volume=/run/secrets/token:/run/secrets/token" in container["args"]
+
+
+def test_the_builder_runs_as_root_with_named_capabilities_not_privileged() -> None:
+    (job,) = builds(module(), BOTH_MISSING, []).create
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert "privileged" not in context
+    assert context["runAsUser"] == 0
+    assert context["capabilities"] == {"drop": ["ALL"], "add": list(BUILDER_CAPABILITIES)}
+    # SYS_ADMIN for the RUN steps' mount namespaces; nothing that reaches the host's devices,
+    # modules or network configuration.
+    assert "SYS_ADMIN" in BUILDER_CAPABILITIES
+    assert not {"SYS_MODULE", "NET_ADMIN", "MKNOD", "SYS_PTRACE"} & set(BUILDER_CAPABILITIES)
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["appArmorProfile"] == {"type": "Unconfined"}
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_build_selector_picks_build_nodes_of_the_same_kernel() -> None:
@@ -421,18 +475,34 @@ def test_a_running_build_is_kept_when_no_node_could_run_its_successor() -> None:
 
 def test_kaniko_params_tag_replaces_the_builder_images_tag_and_keeps_a_registry_port() -> None:
     build = Build.model_validate(
-        {"dockerfileConfigMap": {"name": "df"}, "kanikoParams": {"tag": "v1.24.0-debug"}}
+        {"dockerfileConfigMap": {"name": "df"}, "kanikoParams": {"tag": "0.2.0-debug"}}
     )
-    assert builder_image("registry:5000/kaniko/executor:v1.23.2", build) == (
-        "registry:5000/kaniko/executor:v1.24.0-debug"
+    assert builder_image("registry:5000/kmodkit/builder:0.1.0", build) == (
+        "registry:5000/kmodkit/builder:0.2.0-debug"
     )
-    assert builder_image("registry:5000/executor@sha256:" + "a" * 64, build) == (
-        "registry:5000/executor:v1.24.0-debug"
+    assert builder_image("registry:5000/builder@sha256:" + "a" * 64, build) == (
+        "registry:5000/builder:0.2.0-debug"
     )
-    assert builder_image("gcr.io/kaniko-project/executor", build) == (
-        "gcr.io/kaniko-project/executor:v1.24.0-debug"
-    )
+    assert builder_image("ghcr.io/kmodkit/builder", build) == "ghcr.io/kmodkit/builder:0.2.0-debug"
     plain = Build.model_validate({"dockerfileConfigMap": {"name": "df"}})
-    assert builder_image("gcr.io/kaniko-project/executor:v1", plain) == (
-        "gcr.io/kaniko-project/executor:v1"
-    )
+    assert builder_image("ghcr.io/kmodkit/builder:0.1.0", plain) == "ghcr.io/kmodkit/builder:0.1.0"
+
+
+def test_the_inputs_digest_is_of_what_the_build_reads_not_of_the_builders_flags(
+    monkeypatch: Any,
+) -> None:
+    """A new builder, or new spellings of its flags, rebuilds nothing and replaces no running
+    build; what the flags mean still counts."""
+
+    def digest(m: Module) -> str:
+        mapping = plan(m, NODES, [], {}, LOADER).needed_images[IMG2]
+        return build_inputs(m, IMG2, mapping, DOCKERFILE)
+
+    before = digest(module())
+    monkeypatch.setattr(build_plan, "tls_flags", lambda tls, push: ["--tls-verify=false"])
+    monkeypatch.setattr(build_plan, "HOST_MODULES", "/elsewhere/lib/modules")
+    assert digest(module()) == before
+    monkeypatch.undo()
+    # An explicit false does what an absent field does.
+    assert digest(module(baseImageRegistryTLS={"insecure": False})) == before
+    assert digest(module(baseImageRegistryTLS={"insecureSkipTLSVerify": True})) != before

@@ -28,7 +28,7 @@ K = "6.8.0-45-generic"
 IMAGE = f"r.io/xe:{K}"
 UNSIGNED = f"r.io/xe-unsigned:{K}"
 BUILT_UNSIGNED = f"r.io/xe:{K}-unsigned"
-SETTINGS = BuildSettings(builder_image="r.io/kaniko:1", signer_image="r.io/signer:1")
+SETTINGS = BuildSettings(builder_image="r.io/builder:1", signer_image="r.io/signer:1")
 LOADER = LoaderSettings(agent_image="r.io/agent:1")
 NODES = [NodeView(f"n{i}", {}, K, "arm64", True) for i in range(3)]
 EXISTS, MISSING = Answer(Existence.EXISTS), Answer(Existence.MISSING)
