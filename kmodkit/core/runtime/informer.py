@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic
 
 from kubernetes_asyncio import client as aclient
@@ -34,7 +34,9 @@ from kmodkit.core.runtime.informer_cache import Change, Entry, InformerCache, Ke
 
 log = logging.getLogger("kmodkit.informer")
 
-Subscriber = Callable[[Key, V | None, V | None], None]
+Subscriber = Callable[[Sequence[Change[V]]], None]
+"""Called with the views that changed: one change per watch event, and the whole
+difference at once when a relist lands (so a subscriber can swap its own copy whole)."""
 Lister = Callable[..., Awaitable[Any]]
 """A kubernetes_asyncio list call: ``CoreV1Api.list_node``, a partial of
 ``list_namespaced_pod`` with its namespace, ..."""
@@ -125,7 +127,6 @@ class Informer(Generic[V]):
         self._task: asyncio.Task[None] | None = None
 
     def subscribe(self, subscriber: Subscriber[V]) -> None:
-        """Call ``subscriber(key, old, new)`` for every view that changes."""
         self._subscribers.append(subscriber)
 
     def views(self) -> dict[Key, V]:
@@ -169,12 +170,13 @@ class Informer(Generic[V]):
             wait = min(wait * 2, self._backoff[1])
 
     def _deliver(self, changes: list[Change[V]]) -> None:
-        for change in changes:
-            for subscriber in self._subscribers:
-                try:
-                    subscriber(change.key, change.old, change.new)
-                except Exception:
-                    log.exception("%s: a subscriber failed on %s", self.name, change.key)
+        if not changes:
+            return
+        for subscriber in self._subscribers:
+            try:
+                subscriber(changes)
+            except Exception:
+                log.exception("%s: a subscriber failed on %d changes", self.name, len(changes))
 
     async def _list(self) -> None:
         fresh: dict[Key, Entry[V]] = {}
