@@ -227,4 +227,4 @@ class Informer(Generic[V]):
                 if change is not None:
                     self._deliver([change])
         finally:
-            resp.release()
+            resp.close()  # a watch cut short leaves unread bytes: never back into the pool
