@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes_asyncio import client as aclient
 
 from kmodkit.core.nodes import NodeView, node_view, slim_node
-from kmodkit.core.runtime.informer import Informer, api_client
+from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
 
@@ -47,6 +47,20 @@ class Wakeups:
             event.set()
 
 
+@dataclass(frozen=True)
+class InformerSpec:
+    """An informer a controller wants: its list call (made from the client once there
+    is one), projection, server-side selector, and who hears of its changes."""
+
+    name: str
+    lister: Callable[[aclient.ApiClient], Lister]
+    view: Callable[[Mapping[str, Any]], Any]
+    label_selector: str
+    subscriber: Subscriber[Any]
+    forget: Callable[[], None]
+    """Drop what the subscriber built (the informer stopped)."""
+
+
 @dataclass
 class Shared:
     kube: Kube
@@ -62,18 +76,23 @@ class Shared:
     """Groups the apiserver serves itself (resource.k8s.io, ...), read at start-up."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     nodes_synced: bool = False
-    """The node cache holds every node (a full listing landed): only then may a pass run.
-    A pass on a cache still filling would take the nodes it misses for nodes that
-    are gone."""
+    """Every informer's cache (the nodes', and those added with ``watch``) holds a full
+    listing: only then may a pass run. A pass on a cache still filling would take
+    the nodes (or pods) it misses for ones that are gone."""
     async_api: Callable[[], Awaitable[aclient.ApiClient]] = api_client
-    """Makes the node informer's client (in the operator's event loop)."""
-    node_informer: Informer[dict[str, Any]] | None = None
-    _node_api: aclient.ApiClient | None = None
+    """Makes the informers' client (in the operator's event loop)."""
+    watches: list[InformerSpec] = field(default_factory=list)
+    informers: list[Informer[Any]] = field(default_factory=list)
+    _informer_api: aclient.ApiClient | None = None
 
     def forget(self) -> None:
         """Drop what kopf's watches said; they list everything again on restart.
-        The node informer runs on across kopf's in-process restarts."""
+        The informers run on across kopf's in-process restarts."""
         self.crd_groups.clear()
+
+    def watch(self, spec: InformerSpec) -> None:
+        """Run an informer for ``spec`` next to the node informer (register before start)."""
+        self.watches.append(spec)
 
     def nodes_changed(self, changes: Sequence[Change[dict[str, Any]]]) -> None:
         """Apply the informer's changes; wake the loops when a node's NodeView moved.
@@ -100,30 +119,39 @@ class Shared:
         if moved and self.nodes_synced:  # heartbeats change nothing a plan reads
             self.wakeups.wake_all()
 
-    async def start_node_informer(self) -> None:
-        if self.node_informer is not None:
-            return  # kopf restarted in-process: the informer kept its watch
-        api = self._node_api = await self.async_api()
-        informer: Informer[dict[str, Any]] = Informer(
+    async def start_informers(self) -> None:
+        if self.informers:
+            return  # kopf restarted in-process: the informers kept their watches
+        api = self._informer_api = await self.async_api()
+        nodes: Informer[dict[str, Any]] = Informer(
             "nodes", aclient.CoreV1Api(api).list_node, view=slim_node
         )
-        informer.subscribe(self.nodes_changed)
-        self.node_informer = informer
-        informer.start()
-        await informer.synced.wait()
+        nodes.subscribe(self.nodes_changed)
+        self.informers = [nodes]
+        for spec in self.watches:
+            informer: Informer[Any] = Informer(
+                spec.name, spec.lister(api), view=spec.view, label_selector=spec.label_selector
+            )
+            informer.subscribe(spec.subscriber)
+            self.informers.append(informer)
+        for informer in self.informers:
+            informer.start()
+        for informer in self.informers:
+            await informer.synced.wait()
         self.nodes_synced = True
         self.wakeups.wake_all()
 
-    async def stop_node_informer(self) -> None:
-        if (informer := self.node_informer) is None:
-            return
-        self.node_informer = None
-        await informer.stop()
-        if self._node_api is not None:
-            await self._node_api.close()
-            self._node_api = None
+    async def stop_informers(self) -> None:
+        informers, self.informers = self.informers, []
         self.nodes_synced = False
+        for informer in informers:
+            await informer.stop()
+        if self._informer_api is not None:
+            await self._informer_api.close()
+            self._informer_api = None
         self.nodes, self.node_objects = {}, {}
+        for spec in self.watches:
+            spec.forget()
 
     @property
     def api_groups(self) -> frozenset[str]:
@@ -142,13 +170,13 @@ class Shared:
         @kopf.on.startup(registry=registry)
         async def sync_nodes(**_: Any) -> None:
             # Startup handlers finish before any watch or daemon starts: passes start
-            # on a synced node cache (and still check nodes_synced, as the cache is
+            # on synced caches (and still check nodes_synced, as the caches are
             # dropped when kopf stops).
-            await self.start_node_informer()
+            await self.start_informers()
 
         @kopf.on.cleanup(registry=registry)
         async def stop_nodes(**_: Any) -> None:
-            await self.stop_node_informer()
+            await self.stop_informers()
 
         @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", registry=registry)
         async def crd_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
