@@ -110,3 +110,32 @@ def blocking_taints(node: NodeView, tolerations: Iterable[Mapping[str, Any]]) ->
         and t.key not in TRANSIENT_TAINTS
         and not tolerates(tols, t)
     ]
+
+
+def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A Node shaped as the API returns it, with only the fields kmodkit reads.
+
+    What the node cache keeps per node instead of the whole object (managed
+    fields, images, capacity and most conditions are dropped): enough for
+    ``node_view``, event references (name, uid) and the rollout and its hooks
+    (labels, annotations, cordon, readiness, and the resourceVersion their
+    guarded writes name).
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    info = status.get("nodeInfo") or {}
+    kept_meta = ("name", "uid", "resourceVersion", "labels", "annotations")
+    kept_info = ("kernelVersion", "architecture", "bootID")
+    return {
+        "metadata": {k: meta[k] for k in kept_meta if k in meta},
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {
+            "nodeInfo": {k: info[k] for k in kept_info if k in info},
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")}
+                for c in status.get("conditions") or []
+                if c.get("type") == "Ready"
+            ],
+        },
+    }

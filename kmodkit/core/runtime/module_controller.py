@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio import client as aclient
 from pydantic import ValidationError
 
 from kmodkit.core import labels
@@ -30,6 +31,7 @@ from kmodkit.core.engine.build_plan import (
     BUILD_COMPONENT,
     DOCKERFILE_KEY,
     REPORTED_ANNOTATION,
+    BuildJob,
     BuildSettings,
     build_job_view,
     plan_builds,
@@ -56,6 +58,7 @@ from kmodkit.core.engine.loader_pod import (
     LOADER_COMPONENT,
     MODULE_LABEL,
     UNLOADER_COMPONENT,
+    LoaderPod,
     LoaderSettings,
     loader_pod_view,
 )
@@ -77,7 +80,8 @@ from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
+from kmodkit.core.runtime.owned_index import OwnedIndex
+from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, Shared
 
 log = logging.getLogger("kmodkit.engine")
 
@@ -128,6 +132,11 @@ class ModuleController:
         self.kube = shared.kube
         self.settings = settings
         self.answers = AnswerCache(other_ttl=settings.recheck_seconds)
+        # (namespace, module) -> views of its objects, from the informers.
+        self.loader_pods: OwnedIndex[tuple[str, str], LoaderPod] = OwnedIndex()
+        self.build_jobs: OwnedIndex[tuple[str, str], BuildJob] = OwnedIndex()
+        self.device_plugins: OwnedIndex[tuple[str, str], DaemonSetView] = OwnedIndex()
+        self.plugin_pods: OwnedIndex[tuple[str, str], tuple[str, bool]] = OwnedIndex()
 
     @property
     def nodes(self) -> dict[str, NodeView]:
@@ -137,52 +146,48 @@ class ModuleController:
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         wakeups = self.shared.wakeups
-        loader_filter: dict[str, Any] = {
-            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
-            COMPONENT_LABEL: _loader_or_unloader,
-        }
-        build_filter = {
-            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
-            COMPONENT_LABEL: BUILD_COMPONENT,
-        }
-        plugin_filter = {
-            labels.MANAGED_BY_LABEL: labels.MANAGED_BY,
-            COMPONENT_LABEL: DEVICE_PLUGIN_COMPONENT,
-        }
+        # Informers with server-side selectors: only the operator's own objects are sent.
+        ours = f"{labels.MANAGED_BY_LABEL}={labels.MANAGED_BY},{COMPONENT_LABEL}"
+        loaders = f"{ours} in ({LOADER_COMPONENT},{UNLOADER_COMPONENT})"
+        builds, plugins = f"{ours}={BUILD_COMPONENT}", f"{ours}={DEVICE_PLUGIN_COMPONENT}"
 
-        @kopf.index("", "v1", "pods", id="loader_pods", labels=loader_filter, registry=registry)
-        def loader_pods(
-            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-        ) -> dict[tuple[str, str], Any]:
-            return {(namespace or "", labels.get(MODULE_LABEL, "")): loader_pod_view(body)}
+        def index(
+            name: str, lister: Any, selector: str, view: Any, into: OwnedIndex[Any, Any]
+        ) -> None:
+            def changed(changes: Any) -> None:
+                for group in into.apply(changes):
+                    wakeups.wake((PLURAL, *group))
 
-        @kopf.index("batch", "v1", "jobs", id="build_jobs", labels=build_filter, registry=registry)
-        def build_jobs(
-            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-        ) -> dict[tuple[str, str], Any]:
-            return {(namespace or "", labels.get(MODULE_LABEL, "")): build_job_view(body)}
+            self.shared.watch(
+                InformerSpec(
+                    name,
+                    lister,
+                    lambda obj: (_module_of(obj), view(obj)),
+                    selector,
+                    changed,
+                    into.clear,
+                )
+            )
 
-        @kopf.index(
-            "apps", "v1", "daemonsets", id="device_plugins", labels=plugin_filter, registry=registry
+        def pods(api: Any) -> Any:
+            return aclient.CoreV1Api(api).list_pod_for_all_namespaces
+
+        index("loader pods", pods, loaders, loader_pod_view, self.loader_pods)
+        index(
+            "build jobs",
+            lambda api: aclient.BatchV1Api(api).list_job_for_all_namespaces,
+            builds,
+            build_job_view,
+            self.build_jobs,
         )
-        def device_plugins(
-            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-        ) -> dict[tuple[str, str], Any]:
-            return {(namespace or "", labels.get(MODULE_LABEL, "")): daemon_set_view(body)}
-
-        @kopf.index("", "v1", "pods", id="plugin_pods", labels=plugin_filter, registry=registry)
-        def plugin_pods(
-            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-        ) -> dict[tuple[str, str], Any]:
-            view = loader_pod_view(body)
-            return {(namespace or "", labels.get(MODULE_LABEL, "")): (view.node, view.ready)}
-
-        @kopf.on.event("", "v1", "pods", labels=loader_filter, registry=registry)
-        @kopf.on.event("", "v1", "pods", labels=plugin_filter, registry=registry)
-        @kopf.on.event("batch", "v1", "jobs", labels=build_filter, registry=registry)
-        @kopf.on.event("apps", "v1", "daemonsets", labels=plugin_filter, registry=registry)
-        async def owned_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-            wakeups.wake((PLURAL, namespace or "", labels.get(MODULE_LABEL, "")))
+        index(
+            "device plugins",
+            lambda api: aclient.AppsV1Api(api).list_daemon_set_for_all_namespaces,
+            plugins,
+            daemon_set_view,
+            self.device_plugins,
+        )
+        index("plugin pods", pods, plugins, _node_and_readiness, self.plugin_pods)
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
         async def module_changed(namespace: str | None, name: str, **_: Any) -> None:
@@ -194,22 +199,17 @@ class ModuleController:
             namespace: str | None,
             body: kopf.Body,
             stopped: kopf.DaemonStopped,
-            **kwargs: Any,
+            **_: Any,
         ) -> None:
-            # kopf passes each index by its id.
-            pods_index: kopf.Index[Any, Any] = kwargs["loader_pods"]
-            jobs_index: kopf.Index[Any, Any] = kwargs["build_jobs"]
-            plugins_index: kopf.Index[Any, Any] = kwargs["device_plugins"]
-            plugin_pods_index: kopf.Index[Any, Any] = kwargs["plugin_pods"]
             key = (namespace or "", name)
 
             def one_pass() -> float | None:
                 return self.reconcile(
                     dict(body),
-                    list(pods_index.get(key, [])),
-                    list(jobs_index.get(key, [])),
-                    list(plugins_index.get(key, [])),
-                    [node for node, ready in plugin_pods_index.get(key, []) if ready],
+                    self.loader_pods.get(key),
+                    self.build_jobs.get(key),
+                    self.device_plugins.get(key),
+                    [node for node, ready in self.plugin_pods.get(key) if ready],
                 )
 
             try:
@@ -224,11 +224,8 @@ class ModuleController:
                 metrics.forget(PLURAL, f"{namespace}/{name}")
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-        def module_deleted(
-            name: str, namespace: str | None, body: kopf.Body, **kwargs: Any
-        ) -> None:
-            key = (namespace or "", name)
-            self.finalize(dict(body), list(kwargs["loader_pods"].get(key, [])))
+        def module_deleted(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
+            self.finalize(dict(body), self.loader_pods.get((namespace or "", name)))
 
     # -- a pass ---------------------------------------------------------------
 
@@ -578,8 +575,14 @@ def _with_plugin_labels(
     return merged
 
 
-def _loader_or_unloader(value: str | None, **_: Any) -> bool:
-    return value in (LOADER_COMPONENT, UNLOADER_COMPONENT)
+def _module_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str((meta.get("labels") or {}).get(MODULE_LABEL, "")))
+
+
+def _node_and_readiness(obj: Mapping[str, Any]) -> tuple[str, bool]:
+    view = loader_pod_view(obj)
+    return (view.node, view.ready)
 
 
 def _removal_module(body: Mapping[str, Any]) -> Module:

@@ -190,7 +190,7 @@ class ResourceController:
                     abandon(
                         self.shared.kube.api,
                         plan.rollout.policy_id,
-                        list(self.shared.raw_nodes.values()),
+                        list(self.shared.node_objects.values()),
                     )
 
     def _view(self, watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]) -> ClusterView:
@@ -301,7 +301,7 @@ class ResourceController:
             "namespace": meta.get("namespace"),
         }
         for ev in plan.events:
-            node = self.shared.raw_nodes.get(ev.node)
+            node = self.shared.node_objects.get(ev.node)
             message = f"node {ev.node}: {ev.message}" if ev.message else f"node {ev.node}"
             for involved in [*([node_reference(node)] if node else []), ref]:
                 self.shared.kube.events.post(involved, ev.reason, message, warning=ev.warning)
@@ -332,11 +332,12 @@ class ResourceController:
         assert request is not None and self.resource.hooks is not None
         hooks = self.resource.hooks(body, view, self.shared.kube.api)
         meta = body.get("metadata") or {}
+        objects = self.shared.node_objects  # one listing, should a relist swap it mid-pass
         result = rollout_pass(
             self.shared.kube.api,
             request.policy_id,
             request.policy,
-            [self.shared.raw_nodes[n] for n in request.nodes if n in self.shared.raw_nodes],
+            [o for n in request.nodes if (o := objects.get(n)) is not None],
             hooks,
             target=request.target,
             paused=request.paused,
@@ -348,7 +349,7 @@ class ResourceController:
                 "namespace": str(meta.get("namespace") or ""),
                 "uid": str(meta.get("uid")),
             },
-            known_nodes=list(self.shared.raw_nodes.values()),
+            known_nodes=list(objects.values()),
         )
         metrics.rollout_pass(self._id, _policy_name(body), result)
         if self.resource.rollout_status is not None:

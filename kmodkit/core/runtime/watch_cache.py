@@ -2,21 +2,24 @@
 
 These hold what the watches last said (nodes, served API groups) and which
 reconcile loops to wake; they are rebuilt from the watch streams after a
-restart and never hold progress.
+restart and never hold progress. Nodes come from an Informer (one list+watch,
+slim views); the few custom resources and CRDs from kopf.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from kubernetes import client
+from kubernetes_asyncio import client as aclient
 
-from kmodkit.core.nodes import NodeView, node_view
+from kmodkit.core.nodes import NodeView, node_view, slim_node
+from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
+from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
 
 CACHE_WAIT_SECONDS = 1.0
@@ -44,46 +47,111 @@ class Wakeups:
             event.set()
 
 
+@dataclass(frozen=True)
+class InformerSpec:
+    """An informer a controller wants: its list call (made from the client once there
+    is one), projection, server-side selector, and who hears of its changes."""
+
+    name: str
+    lister: Callable[[aclient.ApiClient], Lister]
+    view: Callable[[Mapping[str, Any]], Any]
+    label_selector: str
+    subscriber: Subscriber[Any]
+    forget: Callable[[], None]
+    """Drop what the subscriber built (the informer stopped)."""
+
+
 @dataclass
 class Shared:
     kube: Kube
     operator_namespace: str
     settings: Mapping[str, str] = field(default_factory=dict)
     nodes: dict[str, NodeView] = field(default_factory=dict)
-    raw_nodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    node_objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each node as ``slim_node`` keeps it (Node-shaped): for event references, the
+    rollout and its hooks. Replaced whole when a relist lands."""
     crd_groups: dict[str, str] = field(default_factory=dict)
     """CRD name -> API group, for every CRD the apiserver has."""
     builtin_groups: frozenset[str] = frozenset()
     """Groups the apiserver serves itself (resource.k8s.io, ...), read at start-up."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     nodes_synced: bool = False
-    """The node cache holds every node (a full listing landed): only then may a pass run.
-    A pass on a cache still filling would take the nodes it misses for nodes that
-    are gone."""
+    """Every informer's cache (the nodes', and those added with ``watch``) holds a full
+    listing: only then may a pass run. A pass on a cache still filling would take
+    the nodes (or pods) it misses for ones that are gone."""
+    async_api: Callable[[], Awaitable[aclient.ApiClient]] = api_client
+    """Makes the informers' client (in the operator's event loop)."""
+    watches: list[InformerSpec] = field(default_factory=list)
+    informers: list[Informer[Any]] = field(default_factory=list)
+    _informer_api: aclient.ApiClient | None = None
 
     def forget(self) -> None:
-        """Drop what the watches said; they list everything again on restart."""
-        self.nodes_synced = False
-        self.nodes.clear()
-        self.raw_nodes.clear()
+        """Drop what kopf's watches said; they list everything again on restart.
+        The informers run on across kopf's in-process restarts."""
         self.crd_groups.clear()
 
-    def sync_nodes(self, page: int = 500) -> None:
-        """Fill the node cache from a full listing (in pages), then mark it synced."""
-        core: Any = client.CoreV1Api(self.kube.api)
-        token: str | None = None
-        while True:
-            listing = core.list_node(limit=page, _continue=token, _preload_content=False)
-            body = json.loads(listing.data)
-            for item in body.get("items") or []:
-                name = item["metadata"]["name"]
-                self.nodes[name] = node_view(item)
-                self.raw_nodes[name] = item
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                break
+    def watch(self, spec: InformerSpec) -> None:
+        """Run an informer for ``spec`` next to the node informer (register before start)."""
+        self.watches.append(spec)
+
+    def nodes_changed(self, changes: Sequence[Change[dict[str, Any]]]) -> None:
+        """Apply the informer's changes; wake the loops when a node's NodeView moved.
+
+        A relist's difference is applied to copies that then replace the dicts,
+        so a pass reading them from its thread sees one listing or the other.
+        """
+        whole = len(changes) > 1
+        nodes = dict(self.nodes) if whole else self.nodes
+        objects = dict(self.node_objects) if whole else self.node_objects
+        moved = False
+        for change in changes:
+            name = change.key[1]
+            if change.new is None:
+                objects.pop(name, None)
+                moved = nodes.pop(name, None) is not None or moved
+            else:
+                objects[name] = change.new
+                view = node_view(change.new)
+                moved = moved or nodes.get(name) != view
+                nodes[name] = view
+        if whole:
+            self.nodes, self.node_objects = nodes, objects
+        if moved and self.nodes_synced:  # heartbeats change nothing a plan reads
+            self.wakeups.wake_all()
+
+    async def start_informers(self) -> None:
+        if self.informers:
+            return  # kopf restarted in-process: the informers kept their watches
+        api = self._informer_api = await self.async_api()
+        nodes: Informer[dict[str, Any]] = Informer(
+            "nodes", aclient.CoreV1Api(api).list_node, view=slim_node
+        )
+        nodes.subscribe(self.nodes_changed)
+        self.informers = [nodes]
+        for spec in self.watches:
+            informer: Informer[Any] = Informer(
+                spec.name, spec.lister(api), view=spec.view, label_selector=spec.label_selector
+            )
+            informer.subscribe(spec.subscriber)
+            self.informers.append(informer)
+        for informer in self.informers:
+            informer.start()
+        for informer in self.informers:
+            await informer.synced.wait()
         self.nodes_synced = True
         self.wakeups.wake_all()
+
+    async def stop_informers(self) -> None:
+        informers, self.informers = self.informers, []
+        self.nodes_synced = False
+        for informer in informers:
+            await informer.stop()
+        if self._informer_api is not None:
+            await self._informer_api.close()
+            self._informer_api = None
+        self.nodes, self.node_objects = {}, {}
+        for spec in self.watches:
+            spec.forget()
 
     @property
     def api_groups(self) -> frozenset[str]:
@@ -100,23 +168,15 @@ class Shared:
             self.builtin_groups = frozenset(served - from_crds)
 
         @kopf.on.startup(registry=registry)
-        def sync_nodes(**_: Any) -> None:
-            # Startup handlers finish before any watch or daemon starts, and run
-            # again when the watches restart in-process: no pass sees a half cache.
-            self.sync_nodes()
+        async def sync_nodes(**_: Any) -> None:
+            # Startup handlers finish before any watch or daemon starts: passes start
+            # on synced caches (and still check nodes_synced, as the caches are
+            # dropped when kopf stops).
+            await self.start_informers()
 
-        @kopf.on.event("", "v1", "nodes", registry=registry)
-        async def node_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
-            if type == "DELETED":
-                self.raw_nodes.pop(name, None)
-                changed = self.nodes.pop(name, None) is not None
-            else:
-                view = node_view(body)
-                changed = self.nodes.get(name) != view
-                self.nodes[name] = view
-                self.raw_nodes[name] = dict(body)
-            if changed:  # heartbeats change nothing a plan reads
-                self.wakeups.wake_all()
+        @kopf.on.cleanup(registry=registry)
+        async def stop_nodes(**_: Any) -> None:
+            await self.stop_informers()
 
         @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", registry=registry)
         async def crd_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:

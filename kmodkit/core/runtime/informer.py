@@ -1,0 +1,230 @@
+"""One list+watch per kind, on kubernetes_asyncio, into an InformerCache.
+
+The loop: a paged list (``limit``, ``continue``) becomes the cache; a watch
+starts at the list's resourceVersion with bookmarks on and a server-side
+timeout, and each event (and bookmark) advances the resourceVersion the next
+watch resumes from. A watch that ends (its timeout, a dropped connection, an
+apiserver restart) is resumed from there after a backoff; the apiserver
+answers 410 Gone when it no longer holds that history, and only then is the
+kind listed again.
+
+A relist keeps serving the old cache until the new list has landed, then
+swaps it in whole and reports the difference (deletes missed while
+disconnected included) to the subscribers. ``synced`` is set once the first
+list has landed and stays set: an old cache is stale, as every watch cache is
+by a little, but never partial, and partial is what a pass must not see.
+
+Selectors are sent to the apiserver: only matching objects are sent, and an
+object that stops matching arrives as DELETED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Generic
+
+from kubernetes_asyncio import client as aclient
+from kubernetes_asyncio import config as aconfig
+
+from kmodkit.core.runtime.informer_cache import Change, Entry, InformerCache, Key, V, key_of
+
+log = logging.getLogger("kmodkit.informer")
+
+Subscriber = Callable[[Sequence[Change[V]]], None]
+"""Called with the views that changed: one change per watch event, and the whole
+difference at once when a relist lands (so a subscriber can swap its own copy whole)."""
+Lister = Callable[..., Awaitable[Any]]
+"""A kubernetes_asyncio list call: ``CoreV1Api.list_node``, a partial of
+``list_namespaced_pod`` with its namespace, ..."""
+
+PAGE = 500
+WATCH_TIMEOUT_SECONDS = 300
+BACKOFF_SECONDS = (0.2, 30.0)
+"""First and longest wait before a failed list or watch is tried again (it doubles)."""
+REQUEST_TIMEOUT_SECONDS = 60.0
+
+
+class Gone(Exception):
+    """The apiserver no longer holds the history asked for (410): list again."""
+
+
+class StatusError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+async def api_client() -> aclient.ApiClient:
+    """An async client from the in-cluster service account or the current kubeconfig."""
+    untyped: Any = aconfig  # load_incluster_config has no annotations
+    try:
+        untyped.load_incluster_config()
+    except aconfig.ConfigException:
+        await aconfig.load_kube_config()
+    return aclient.ApiClient()
+
+
+async def _json(resp: Any) -> Any:
+    try:
+        raw = await resp.read()
+    finally:
+        resp.release()
+    if resp.status != 200:
+        _raise_status(resp.status, raw.decode(errors="replace"))
+    return json.loads(raw)
+
+
+def _raise_status(status: int, message: str) -> None:
+    if status == 410:
+        raise Gone(message)
+    raise StatusError(status, message)
+
+
+async def _lines(resp: Any) -> AsyncIterator[bytes]:
+    """The response body split at newlines, however long a line (a big object) is."""
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while (end := buf.find(b"\n")) >= 0:
+            line = bytes(buf[:end])
+            del buf[: end + 1]
+            if line.strip():
+                yield line
+
+
+class Informer(Generic[V]):
+    def __init__(
+        self,
+        name: str,
+        lister: Lister,
+        *,
+        view: Callable[[Mapping[str, Any]], V],
+        label_selector: str = "",
+        field_selector: str = "",
+        page: int = PAGE,
+        watch_timeout: int = WATCH_TIMEOUT_SECONDS,
+        backoff: tuple[float, float] = BACKOFF_SECONDS,
+    ) -> None:
+        self.name = name
+        self.cache: InformerCache[V] = InformerCache(view)
+        self.synced = asyncio.Event()
+        self.lists = 0
+        """Lists that landed: 1 after the start, one more per relist."""
+        self._lister = lister
+        self._selectors = {
+            k: v
+            for k, v in (("label_selector", label_selector), ("field_selector", field_selector))
+            if v
+        }
+        self._page = page
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._subscribers: list[Subscriber[V]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def subscribe(self, subscriber: Subscriber[V]) -> None:
+        self._subscribers.append(subscriber)
+
+    def views(self) -> dict[Key, V]:
+        return self.cache.views()
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        listed = False
+        wait = self._backoff[0]
+        while True:
+            try:
+                if not listed:
+                    await self._list()
+                    listed = True
+                await self._watch()
+                wait = self._backoff[0]
+                continue  # the server's timeout ended it: resume at once
+            except Gone as err:
+                log.info("%s: history gone (%s); listing again", self.name, err)
+                listed = False
+                continue
+            except asyncio.CancelledError:
+                raise
+            except StatusError as err:
+                # An answer, not a lost connection: the watch is not to be trusted to resume.
+                log.warning("%s: %s; listing again in %.1fs", self.name, err, wait)
+                listed = False
+            except Exception as err:  # a dropped or refused connection: resume where we were
+                log.warning("%s: watch failed (%r); retrying in %.1fs", self.name, err, wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self._backoff[1])
+
+    def _deliver(self, changes: list[Change[V]]) -> None:
+        if not changes:
+            return
+        for subscriber in self._subscribers:
+            try:
+                subscriber(changes)
+            except Exception:
+                log.exception("%s: a subscriber failed on %d changes", self.name, len(changes))
+
+    async def _list(self) -> None:
+        fresh: dict[Key, Entry[V]] = {}
+        token: str | None = None
+        version = ""
+        while True:
+            resp = await self._lister(
+                limit=self._page,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                **self._selectors,
+            )
+            body = await _json(resp)
+            meta = body.get("metadata") or {}
+            # Every page is served from the first page's snapshot.
+            version = version or str(meta.get("resourceVersion") or "")
+            for obj in body.get("items") or []:
+                fresh[key_of(obj)] = self.cache.entry(obj)
+            token = meta.get("continue") or None
+            if token is None:
+                break
+        self._deliver(self.cache.replace_entries(fresh, version))
+        self.lists += 1
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        resp = await self._lister(
+            watch=True,
+            resource_version=self.cache.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _preload_content=False,
+            # (connect, read): the server ends the watch after timeout_seconds, so
+            # silence much longer than that is a connection that died without a word.
+            _request_timeout=(10, self._watch_timeout + REQUEST_TIMEOUT_SECONDS),
+            **self._selectors,
+        )
+        try:
+            if resp.status != 200:
+                _raise_status(resp.status, (await resp.read()).decode(errors="replace"))
+            async for line in _lines(resp):
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    _raise_status(int(obj.get("code") or 0), str(obj.get("message") or obj))
+                change = self.cache.apply(str(kind), obj)
+                if change is not None:
+                    self._deliver([change])
+        finally:
+            resp.close()  # a watch cut short leaves unread bytes: never back into the pool

@@ -1,0 +1,317 @@
+"""The informer on the real control plane: selectors, re-created names, bookmarks,
+apiserver restarts mid-watch and a watch whose history was compacted away (410).
+
+Nodes here are plain Node objects of the test's own label (no kwok kubelet:
+nothing in these tests needs one). Two tests run a second kube-apiserver of
+their own, the cluster's apiserver's own command line with its own port and
+``--watch-cache=false``, on the cluster's etcd: watches then read etcd's
+history directly, so killing it is a restart mid-watch that loses no
+history, and compacting etcd while it is down makes the resumed watch answer
+410 Gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import ssl
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes_asyncio import client as aclient
+from kubernetes_asyncio import config as aconfig
+
+from kmodkit.core.nodes import slim_node
+from kmodkit.core.runtime.informer import Informer
+from kmodkit.core.runtime.informer_cache import Change
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import procs
+from kmodkit_dev.waiting import wait_until
+
+pytestmark = pytest.mark.cluster
+LABEL = "kmodkit.io/informer-test"
+
+
+class Watching:
+    """An Informer on nodes, run in an event loop on a thread of its own; the test
+    reads its cache and the changes its subscriber was given."""
+
+    def __init__(self, kubeconfig: Path, server: str, **informer_args: Any) -> None:
+        self.kubeconfig, self.server, self.args = kubeconfig, server, informer_args
+        self.loop = asyncio.new_event_loop()
+        self.changes: list[Change[dict[str, Any]]] = []
+        self.informer: Informer[dict[str, Any]] | None = None
+        self._api: aclient.ApiClient | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> Watching:
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._call(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def _call(self, coro: Any) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(60)
+
+    async def _start(self) -> None:
+        cfg = aclient.Configuration()
+        await aconfig.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        cfg.host = self.server
+        self._api = aclient.ApiClient(cfg)
+        self.informer = Informer(
+            "nodes", aclient.CoreV1Api(self._api).list_node, view=slim_node, **self.args
+        )
+        self.informer.subscribe(self.changes.extend)
+        self.informer.start()
+
+    async def _stop(self) -> None:
+        assert self.informer is not None and self._api is not None
+        await self.informer.stop()
+        await self._api.close()
+
+    @property
+    def it(self) -> Informer[dict[str, Any]]:
+        assert self.informer is not None
+        return self.informer
+
+    def uids(self) -> dict[str, str]:
+        """name -> uid of every node in the cache (read from another thread: a copy)."""
+        views = dict(self.it.cache.entries)
+        return {k[1]: e.uid for k, e in views.items()}
+
+
+@pytest.fixture
+def tag(kube_api: Any) -> Iterator[str]:
+    tag = uuid.uuid4().hex[:8]
+    yield tag
+    core: Any = client.CoreV1Api(kube_api)
+    for node in core.list_node(label_selector=f"{LABEL}={tag}").items:
+        core.delete_node(node.metadata.name)
+
+
+def _node(name: str, tag: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {LABEL: tag, **labels}}}
+
+
+def _create(kube_api: Any, *nodes: dict[str, Any]) -> dict[str, str]:
+    core: Any = client.CoreV1Api(kube_api)
+    return {n["metadata"]["name"]: core.create_node(n).metadata.uid for n in nodes}
+
+
+def _relabel(kube_api: Any, name: str, labels: dict[str, str | None]) -> None:
+    client.CoreV1Api(kube_api).patch_node(name, {"metadata": {"labels": labels}})
+
+
+def _delete(kube_api: Any, name: str) -> None:
+    client.CoreV1Api(kube_api).delete_node(name)
+
+
+def test_a_label_selected_cache_loses_a_node_relabelled_out_and_regains_it(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    a, b = f"inf-{tag}-a", f"inf-{tag}-b"
+    uids = _create(kube_api, _node(a, tag, pool="in"), _node(b, tag, pool="in"))
+    selector = f"{LABEL}={tag},pool=in"
+    with Watching(dev_cluster.kubeconfig, dev_cluster.server, label_selector=selector) as w:
+        wait_until(lambda: w.uids() == uids, "the selected nodes to be listed")
+        _relabel(kube_api, b, {"pool": "out"})
+        wait_until(lambda: w.uids() == {a: uids[a]}, "the relabelled node to leave the cache")
+        gone = [c for c in w.changes if c.key == ("", b) and c.new is None]
+        assert len(gone) == 1 and gone[0].old is not None
+        assert gone[0].old["metadata"]["labels"]["pool"] == "in"
+        _relabel(kube_api, b, {"pool": "in"})
+        wait_until(lambda: w.uids() == uids, "the node relabelled back to return")
+        assert w.it.lists == 1, "a selector's DELETED is an event, not a reason to relist"
+
+
+def test_a_node_deleted_and_recreated_under_its_name_is_the_new_object(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    name = f"inf-{tag}-n"
+    first = _create(kube_api, _node(name, tag, generation="1"))[name]
+    with Watching(dev_cluster.kubeconfig, dev_cluster.server, label_selector=f"{LABEL}={tag}") as w:
+        wait_until(lambda: w.uids() == {name: first}, "the node to be listed")
+        _delete(kube_api, name)
+        second = _create(kube_api, _node(name, tag, generation="2"))[name]
+        assert second != first
+        wait_until(lambda: w.uids() == {name: second}, "the re-created node in the cache")
+        view = w.it.views()[("", name)]
+        assert view["metadata"]["labels"]["generation"] == "2"
+        uids = [
+            (c.old and c.old["metadata"]["uid"], c.new and c.new["metadata"]["uid"])
+            for c in w.changes
+            if c.key == ("", name)
+        ]
+        # Listed, deleted (the old uid), added (the new one): never one object changing
+        # uid. (The node controller's own updates of each object come in between.)
+        assert [u for u in uids if u[0] != u[1]] == [(None, first), (first, None), (None, second)]
+
+
+def test_bookmarks_advance_the_resource_version_without_events(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    busy = f"inf-{tag}-busy"
+    _create(kube_api, _node(busy, tag, pool="busy"))
+    # A selection nothing is in: no event ever comes, only bookmarks can move it on.
+    selector = f"{LABEL}={tag},pool=none"
+    # A short server-side timeout: the apiserver bookmarks a watch just before it ends it.
+    with Watching(
+        dev_cluster.kubeconfig, dev_cluster.server, label_selector=selector, watch_timeout=5
+    ) as w:
+        wait_until(lambda: w.it.synced.is_set(), "the (empty) list")
+        listed_at = w.it.cache.resource_version
+        for i in range(3):
+            _relabel(kube_api, busy, {"step": str(i)})  # outside the selection: no event
+        wait_until(
+            lambda: w.it.cache.resource_version != listed_at,
+            "a bookmark to move the resourceVersion on",
+            timeout=30,
+        )
+        assert w.changes == [] and w.uids() == {}
+        assert w.it.lists == 1
+
+
+@pytest.fixture
+def solo_apiserver(dev_cluster: devcluster.Cluster, tmp_path: Path) -> Iterator[SoloApiserver]:
+    solo = SoloApiserver(dev_cluster, tmp_path)
+    solo.start()
+    try:
+        yield solo
+    finally:
+        solo.stop()
+
+
+class SoloApiserver:
+    """A second kube-apiserver on the cluster's etcd: the cluster's apiserver's own
+    command line, with a port and audit log of its own and the watch cache off."""
+
+    def __init__(self, cluster: devcluster.Cluster, workdir: Path) -> None:
+        self.cluster = cluster
+        self.port = procs.free_port()
+        self.log = workdir / "solo-apiserver.log"
+        cmdline = Path(f"/proc/{cluster.pids['kube-apiserver']}/cmdline").read_bytes()
+        argv = [a.decode() for a in cmdline.split(b"\0") if a]
+        self.binary = argv[0]
+        replaced = {"--secure-port": str(self.port), "--audit-log-path": str(workdir / "audit")}
+        self.argv = [
+            f"{a.split('=', 1)[0]}={replaced[a.split('=', 1)[0]]}"
+            if a.split("=", 1)[0] in replaced
+            else a
+            for a in argv
+        ] + [
+            "--watch-cache=false",
+            # The cluster's own apiserver alone keeps the "kubernetes" Service's endpoints.
+            "--endpoint-reconciler-type=none",
+        ]
+        self.pid = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.pid = procs.spawn(self.argv, self.log)
+        ca = str(self.cluster.pki / "ca.crt")
+
+        def ready() -> bool:
+            try:
+                ctx = ssl.create_default_context(cafile=ca)
+                with urllib.request.urlopen(f"{self.server}/readyz", timeout=2, context=ctx) as r:
+                    return bool(r.read().strip() == b"ok")
+            except OSError:
+                assert procs.runs(self.pid, self.binary), self.log.read_text()[-3000:]
+                return False
+
+        wait_until(ready, "the solo apiserver to be ready", timeout=120)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; its watches end without a word."""
+        os.kill(self.pid, signal.SIGKILL)
+        while procs.runs(self.pid, self.binary) and not procs.is_zombie(self.pid):
+            time.sleep(0.05)
+        procs.reap(self.pid)
+        procs.wait_port_free(self.port)
+
+    def stop(self) -> None:
+        procs.stop(self.pid, self.binary)
+
+
+def _etcd(cluster: devcluster.Cluster, call: str, body: dict[str, Any]) -> Any:
+    """etcd's gRPC gateway (JSON over HTTP) on its loopback client URL."""
+    url = f"http://127.0.0.1:{cluster.ports['etcd']}/v3/{call}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _compact_etcd(cluster: devcluster.Cluster) -> int:
+    """Compact etcd's history up to its current revision; returns that revision."""
+    key = base64.b64encode(b"/registry/").decode()
+    revision = int(_etcd(cluster, "kv/range", {"key": key, "limit": 1})["header"]["revision"])
+    _etcd(cluster, "kv/compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def test_an_apiserver_restart_mid_watch_resumes_without_a_relist(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str, solo_apiserver: SoloApiserver
+) -> None:
+    a, b, c = (f"inf-{tag}-{x}" for x in "abc")
+    uids = _create(kube_api, _node(a, tag), _node(b, tag))
+    selector = f"{LABEL}={tag}"
+    with Watching(
+        dev_cluster.kubeconfig, solo_apiserver.server, label_selector=selector, backoff=(0.2, 1.0)
+    ) as w:
+        wait_until(lambda: w.uids() == uids, "the nodes to be listed")
+        solo_apiserver.kill()
+        # While its apiserver is away the informer serves what it had, still synced.
+        _delete(kube_api, b)
+        uids |= _create(kube_api, _node(c, tag))
+        _relabel(kube_api, a, {"moved": "yes"})
+        assert w.it.synced.is_set() and set(w.uids()) == {a, b}
+        solo_apiserver.start()
+        wait_until(lambda: w.uids() == {a: uids[a], c: uids[c]}, "the missed changes")
+        wait_until(
+            lambda: w.it.views()[("", a)]["metadata"]["labels"].get("moved") == "yes",
+            "the relabel made while the apiserver was away",
+        )
+        assert w.it.lists == 1, "the watch resumed from its resourceVersion: nothing to relist"
+        assert ("", b) in [ch.key for ch in w.changes if ch.new is None]
+
+
+def test_history_compacted_while_the_watch_was_down_makes_a_410_and_a_relist(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str, solo_apiserver: SoloApiserver
+) -> None:
+    a, b, c = (f"inf-{tag}-{x}" for x in "abc")
+    uids = _create(kube_api, _node(a, tag), _node(b, tag))
+    selector = f"{LABEL}={tag}"
+    with Watching(
+        dev_cluster.kubeconfig, solo_apiserver.server, label_selector=selector, backoff=(0.2, 1.0)
+    ) as w:
+        wait_until(lambda: w.uids() == uids, "the nodes to be listed")
+        solo_apiserver.kill()
+        _delete(kube_api, b)
+        uids |= _create(kube_api, _node(c, tag))
+        compacted = _compact_etcd(dev_cluster)
+        assert int(w.it.cache.resource_version) < compacted
+        solo_apiserver.start()
+        wait_until(lambda: w.it.lists == 2, "a relist after the 410")
+        # The relist replaced the cache: the delete no watch delivered is seen.
+        assert w.uids() == {a: uids[a], c: uids[c]}
+        assert ("", b) in [ch.key for ch in w.changes if ch.new is None]
+        assert int(w.it.cache.resource_version) >= compacted
