@@ -200,7 +200,7 @@ def test_served_files_are_keyed_by_content(tmp_path: Path) -> None:
     note.write_text(f"served note {secrets.token_hex(8)}\n")
     # The base has no curl: bash's /dev/tcp fetches it.
     (context / "fetch.sh").write_text(
-        'rest=${NOTE_URL#http://}; host=${rest%%/*}\n'
+        "rest=${NOTE_URL#http://}; host=${rest%%/*}\n"
         'exec 3<>"/dev/tcp/${host%:*}/${host#*:}"\n'
         'printf "GET /%s HTTP/1.0\\r\\n\\r\\n" "${rest#*/}" >&3\n'
         "cat <&3 >/note.http\n"
