@@ -181,3 +181,41 @@ def test_images_take_only_their_own_sources(name: str) -> None:
             continue  # from another stage, not from the repository
         copied |= set(words[:-1])
     assert copied == IMAGE_SOURCES[name], f"{path.relative_to(ROOT)} copies {sorted(copied)}"
+
+
+# The user-facing Intel example is built in-cluster from a ConfigMap, not by kmodkit_dev.
+NOT_BUILT_HERE = {"intel-xe"}
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_base_is_the_base_image_argument(path: Path) -> None:
+    """A user's build (and kmodkit_dev's, from the mmdebstrap base) picks the base."""
+    instructions = parse(path)
+    first = next(i for i, ins in enumerate(instructions) if ins.keyword == "FROM")
+    declared = [ins.args for ins in instructions[:first] if ins.keyword == "ARG"]
+    assert any(a.startswith("BASE_IMAGE=") for a in declared), f"{path}: no ARG BASE_IMAGE=..."
+    stages: set[str] = set()
+    for ins in instructions:
+        if ins.keyword != "FROM":
+            continue
+        words = [w for w in ins.args.split() if not w.startswith("--")]
+        assert words[0] in stages or words[0] == "${BASE_IMAGE}", f"{path}:{ins.line}"
+        if len(words) == 3:
+            stages.add(words[2])
+
+
+def test_every_dockerfile_is_in_the_image_table() -> None:
+    from kmodkit_dev import images
+
+    table = {spec.dockerfile for spec in images.IMAGES.values()}
+    expected = {p for p in DOCKERFILES if p.parent.name not in NOT_BUILT_HERE}
+    assert table == expected
+
+
+@pytest.mark.parametrize("name", ["tenstorrent/builder", "tenstorrent/flasher"])
+def test_downloads_are_build_arguments(name: str) -> None:
+    """What comes from GitHub is named by build arguments, so a build can take it elsewhere."""
+    path = ROOT / "dockerfiles" / name / "Dockerfile"
+    for ins in parse(path):
+        if ins.keyword == "RUN":
+            assert "://" not in ins.args, f"{path}:{ins.line}: a URL in a RUN step"

@@ -23,7 +23,8 @@ def test_build_configmap_is_generated_from_the_dockerfile() -> None:
 def test_dockerfile_installs_modules_and_firmware_where_the_loader_looks() -> None:
     dockerfile = build_configmap.DOCKERFILE.read_text(encoding="utf-8")
     stages = [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
-    assert stages == ["FROM ubuntu:26.04 AS builder", "FROM ubuntu:26.04"]
+    assert stages == ["FROM ${BASE_IMAGE} AS builder", "FROM ${BASE_IMAGE}"]
+    assert "ARG BASE_IMAGE=ubuntu:26.04" in dockerfile
     assert "COPY --from=builder /build/modules-out/ /opt/lib/modules/" in dockerfile
     assert "COPY --from=builder /build/firmware-out/xe/ /firmware/xe/" in dockerfile
     assert 'depmod -b /opt "${KERNEL_FULL_VERSION}"' in dockerfile
