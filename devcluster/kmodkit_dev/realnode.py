@@ -501,14 +501,14 @@ def start(
             }
         )
     )
-    started = time.monotonic()
+    booted = time.monotonic()
     pid = procs.spawn(
         qemu_argv(kernel, node, api_port, registry_port), node / "logs" / "console.log"
     )
     started(QEMU, pid)
     real = RealNode(name, node, pid, reg.host, reg.username, reg.password, reg.pid)
     _wait_ready(real, kubeconfig)
-    real = RealNode(**(asdict(real) | {"boot_seconds": round(time.monotonic() - started, 1)}))
+    real = RealNode(**(asdict(real) | {"boot_seconds": round(time.monotonic() - booted, 1)}))
     (node / "node.json").write_text(json.dumps(asdict(real) | {"dir": str(node)}, indent=2))
     echo(f"devcluster:   real node {name!r} Ready ({real.boot_seconds:.0f}s after qemu started)")
     return real

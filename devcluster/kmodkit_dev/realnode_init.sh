@@ -21,13 +21,14 @@ echo "node init: $(date -u +%T) kernel $(uname -r)"
 mount -t tmpfs -o size=3g,mode=0755 tmpfs /var
 mkdir -p /var/lib/containerd /var/lib/kubelet /var/lib/cni /var/log/pods /var/tmp
 ln -s /run /var/run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays this machine's (read-only: the node's directory may be under it).
+export TMPDIR=/var/tmp
 # The modules of the kernel this VM booted (this machine has the directory, from
 # the kernel headers, but not its modules), so modprobe finds them.
 mount --bind "$NODE_MODULES" "/lib/modules/$(uname -r)"
 for module in virtio_net overlay veth bridge br_netfilter nf_conntrack nf_nat \
 	nf_tables nft_chain_nat nft_compat nft_masq nft_nat nft_ct xt_MASQUERADE xt_nat \
-	xt_conntrack xt_comment xt_addrtype xt_mark xt_multiport ip_tables iptable_nat \
+	xt_tcpudp xt_conntrack xt_comment xt_addrtype xt_mark xt_multiport ip_tables iptable_nat \
 	iptable_filter; do
 	modprobe "$module" || echo "node init: no module $module"
 done

@@ -37,9 +37,6 @@ def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
     try:
         yield c
     finally:
-        node = realnode.load(c.dir)
-        if node is not None and request.session.testsfailed:
-            say(node.log_tails(80))
         devcluster.down(CLUSTER_NAME, echo=say)
 
 
@@ -67,10 +64,10 @@ def image_refs(node_registry: Registry, kernel_cache: Path) -> dict[str, str]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     if report.failed and call.when == "call":
-        cluster = item.funcargs.get("dev_cluster") if hasattr(item, "funcargs") else None
+        cluster = getattr(item, "funcargs", {}).get("dev_cluster")
         node = realnode.load(cluster.dir) if cluster is not None else None
         if node is not None:
             report.sections.append(("real node logs", node.log_tails(60)))

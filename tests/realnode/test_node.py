@@ -249,10 +249,8 @@ def test_exec_readiness_probe_gates_ready(
     core(kube_api).create_namespaced_pod(ns, manifest)
 
     def ready() -> str:
-        conditions = {
-            c.type: c.status for c in read(kube_api, ns, "probed").status.conditions or []
-        }
-        return conditions.get("Ready", "")
+        conditions = read(kube_api, ns, "probed").status.conditions or []
+        return next((str(c.status) for c in conditions if c.type == "Ready"), "")
 
     wait_phase(kube_api, ns, "probed", "Running")
     # Probed several times while the file is missing: still not Ready.
