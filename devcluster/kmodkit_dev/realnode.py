@@ -275,6 +275,9 @@ state = "/run/containerd"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{node / "cni"}"
+  # containerd 1.6 talks plain HTTP to a loopback registry unless told the endpoint.
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{registry_host}"]
+    endpoint = ["https://{registry_host}"]
   [plugins."io.containerd.grpc.v1.cri".registry.configs."{registry_host}".tls]
     ca_file = "{ca}"
 """

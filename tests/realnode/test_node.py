@@ -240,7 +240,7 @@ def test_exec_readiness_probe_gates_ready(
         container={
             "volumeMounts": [{"name": "node", "mountPath": "/node", "readOnly": True}],
             "readinessProbe": {
-                "exec": {"command": ["test", "-f", "/node/ready"]},
+                "exec": {"command": ["/bin/sh", "-c", "test -f /node/ready"]},
                 "periodSeconds": 2,
                 "timeoutSeconds": 10,
             },
