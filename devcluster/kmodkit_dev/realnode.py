@@ -428,12 +428,14 @@ def qemu_argv(
             f"guestfwd=tcp:{REGISTRY_GUEST}-cmd:{forward.format(registry_port)}",
         ]
     )
+    # One vCPU, as the kernel tier: with two, a loaded host starved one TCG vCPU
+    # thread and the guest hung in soft lockups (kubelet on one CPU, ksoftirqd on the other).
     return [
         QEMU,
         "-machine", "accel=tcg",
         "-cpu", "max",
         "-m", str(memory_mb),
-        "-smp", "2",
+        "-smp", "1",
         "-nographic",
         "-vga", "none",
         "-no-reboot",

@@ -7,11 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kmodkit_dev import build
 from kmodkit_dev.registry import Registry
 from tests.integration.oci_images import Client, Member, layer
 
 BUSYBOX = "test/busybox"
 KMOD = "test/kmod"
+KUBECTL = "test/kubectl"
 TAG = "1"
 # The test module's firmware, as the kernel tier ships it (any content loads).
 FIRMWARE = b"kmodkit test firmware\n"
@@ -56,9 +58,12 @@ def module_layer(driver: Path, version: str) -> bytes:
 
 
 def push_all(reg: Registry, kernel_cache: Path) -> dict[str, str]:
-    """Push both images; their references by name."""
+    """Push the images; their references by name."""
     base = busybox_layer()
     client = Client(reg)
     client.push_image(BUSYBOX, TAG, [base])
     client.push_image(KMOD, TAG, [base, module_layer(kernel_cache / "driver", kernel_cache.name)])
-    return {name: f"{reg.host}/{name}:{TAG}" for name in (BUSYBOX, KMOD)}
+    # devcluster's own kubectl (static): an in-cluster API client for a pod.
+    kubectl = layer([Member("kubectl", build.binary("kubectl").read_bytes(), 0o755)])
+    client.push_image(KUBECTL, TAG, [base, kubectl])
+    return {name: f"{reg.host}/{name}:{TAG}" for name in (BUSYBOX, KMOD, KUBECTL)}

@@ -331,3 +331,23 @@ def test_crashing_container_is_restarted(
     status = wait_until(restarted, "a restart", timeout=POD_TIMEOUT, interval=1)
     last = terminated(status)
     assert (last.exit_code, last.message) == (3, "crashed\n")
+
+
+def test_pod_reaches_the_api_as_an_in_cluster_client(
+    kube_api: Any, ns: str, image_refs: dict[str, str]
+) -> None:
+    # kubectl with no kubeconfig uses the in-cluster config: the kubernetes Service's
+    # address from the environment, the service account's token and CA, TLS verified.
+    manifest = pod(
+        "in-cluster",
+        image_refs[images.KUBECTL],
+        "/kubectl auth whoami -o jsonpath='{.status.userInfo.username}' "
+        "> /dev/termination-log 2>&1",
+        automountServiceAccountToken=True,
+        container={"env": [{"name": "HOME", "value": "/tmp"}]},
+    )
+    core(kube_api).create_namespaced_pod(ns, manifest)
+    done = wait_phase(kube_api, ns, "in-cluster", "Succeeded", "Failed")
+    message = done.status.container_statuses[0].state.terminated.message
+    assert done.status.phase == "Succeeded", message
+    assert message == f"system:serviceaccount:{ns}:default"
