@@ -42,9 +42,14 @@ mount --bind /dev "$node/dev"
 # firmware loader uses along with it.
 if [ -n "${KMODKIT_ENTRY:-}" ]; then
 	# Another role for the same VM (devcluster's real node): a script of this
-	# machine's run in the same chroot, with the kernel command line's
-	# KMODKIT_NODE_* settings.
-	chroot /host /usr/bin/env -i \
+	# machine's run with the kernel command line's KMODKIT_NODE_* settings, in a
+	# mount namespace of its own whose root mount is this machine's root, moved
+	# over / (as switch_root does). A plain chroot would leave the initramfs as
+	# the namespace's root: runc's pivot_root would then keep it under every
+	# container, and `runc exec` (exec probes) would land in the initramfs.
+	# PID 1 stays in the first namespace, so the firmware root is unchanged.
+	unshare -m /bin/sh -c 'cd /host && mount --move . / && exec chroot . "$@"' entry \
+		/usr/bin/env -i \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		HOME=/run/kmodkit-test $(env | grep '^KMODKIT_NODE_') \
 		/bin/sh "$KMODKIT_ENTRY"
