@@ -11,9 +11,7 @@ machine's Debian packages. Its network is qemu's user network with
 and to the registry the node pulls from. The node's directory is shared
 writable with the VM: its configuration goes in, the logs of the VM's console,
 its init, containerd and the kubelet come out (``RealNode.logs``), and a
-``share/`` directory there is a node path pods can mount (``RealNode.share``). Files
-flow through it both ways, but one made on this machine after a pod looked for it
-may stay invisible in the VM (9p can keep the miss): give pods their files first.
+``share/`` directory there is a node path pods can mount (``RealNode.share``).
 
 kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake``; this node has no
 such annotation, so kwok leaves it and its pods alone.

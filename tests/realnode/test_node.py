@@ -228,9 +228,7 @@ def test_privileged_container_loads_a_module_into_the_node_kernel(
 def test_exec_readiness_probe_gates_ready(
     kube_api: Any, ns: str, image_refs: dict[str, str]
 ) -> None:
-    # The container makes the probe's file itself, 20 s after it starts. (A file the
-    # test wrote into the node's share later would not do: the VM's 9p mount may keep
-    # a lookup's miss.)
+    # The container makes the probe's file itself, 20 s after it starts.
     delay = 20
     manifest = pod(
         "probed",
