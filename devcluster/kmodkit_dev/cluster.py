@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kmodkit_dev import build, pki, procs
+from kmodkit_dev import build, pki, procs, realnode
 from kmodkit_dev.nodes import KWOK_ANNOTATION, fleet
 from kmodkit_dev.versions import CONTROL_PLANE
 
@@ -89,8 +89,16 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def up(name: str = "default", nodes: int = 6, profile: str = "mixed", echo: Echo = _say) -> Cluster:
-    """Start a cluster (building binaries on first use) and create ``nodes`` kwok nodes."""
+def up(
+    name: str = "default",
+    nodes: int = 6,
+    profile: str = "mixed",
+    echo: Echo = _say,
+    real_node: bool = False,
+) -> Cluster:
+    """Start a cluster (building binaries on first use) and create ``nodes`` kwok nodes;
+    with ``real_node``, also a real kubelet in a VM and a registry it pulls from
+    (``kmodkit_dev.realnode``)."""
     build.ensure(CONTROL_PLANE, echo)
     existing = load(name)
     if existing and all(existing.running().values()):
@@ -104,16 +112,31 @@ def up(name: str = "default", nodes: int = 6, profile: str = "mixed", echo: Echo
     cluster = Cluster(name=name, dir=d)
     token = secrets.token_urlsafe(32)
     pki.make_pki(cluster.pki, token)
+    if real_node:
+        realnode.add_service_names(cluster.pki)
     _write_kubeconfig(cluster, token)
     try:
         _start(cluster, echo)
         if nodes:
             add_nodes(cluster, fleet(nodes, profile), echo)
+        if real_node:
+            _add_real_node(cluster, echo)
     except BaseException:
         down(name, echo=lambda _m: None)
         raise
     echo(f"devcluster {name!r} is up: export KUBECONFIG={cluster.kubeconfig}")
     return cluster
+
+
+def _add_real_node(cluster: Cluster, echo: Echo) -> None:
+    def started(component: str, pid: int) -> None:
+        # Recorded as soon as it runs, so down() stops it whatever happens next.
+        cluster.pids[component] = pid
+        cluster.save()
+
+    realnode.start(
+        cluster.dir, cluster.pki, cluster.ports["kube-apiserver"], cluster.kubeconfig, echo, started
+    )
 
 
 def down(name: str = "default", echo: Echo = _say) -> None:

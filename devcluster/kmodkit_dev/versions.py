@@ -44,18 +44,26 @@ def _k8s_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
+# The kubelet runs only on devcluster's real node (kmodkit_dev.realnode).
+_K8S_COMMANDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+)
+
 TOOLS: dict[str, Tool] = {
     t.name: t
     for t in (
         Tool(
             "kubernetes",
             KUBERNETES_VERSION,
-            tuple(
-                f"k8s.io/kubernetes/cmd/{c}"
-                for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-            ),
-            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+            tuple(f"k8s.io/kubernetes/cmd/{c}" for c in _K8S_COMMANDS),
+            _K8S_COMMANDS,
             _k8s_ldflags(KUBERNETES_VERSION),
+            # The real node's sandbox (pause) image is built from upstream's source.
+            files=(("k8s.io/kubernetes", "build/pause/linux/pause.c"),),
         ),
         Tool("etcd", "v3.6.16", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
         Tool("kwok", "v0.8.0", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),

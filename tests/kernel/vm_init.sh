@@ -9,7 +9,8 @@
 # Only /run is covered by a tmpfs, so a checkout under /tmp stays visible.
 #
 # KMODKIT_PYTHON, KMODKIT_REPO, KMODKIT_DRIVER and (for the signature boot)
-# KMODKIT_SCENARIO and KMODKIT_SIGNED come from the kernel command line.
+# KMODKIT_SCENARIO and KMODKIT_SIGNED come from the kernel command line; with
+# KMODKIT_ENTRY set, that script runs instead of the scenario.
 
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -39,6 +40,22 @@ mount --bind /dev "$node/dev"
 
 # A child, not exec: chroot in PID 1 would move the root the kernel's
 # firmware loader uses along with it.
+if [ -n "${KMODKIT_ENTRY:-}" ]; then
+	# Another role for the same VM (devcluster's real node): a script of this
+	# machine's run with the kernel command line's KMODKIT_NODE_* settings, in a
+	# mount namespace of its own whose root mount is this machine's root, moved
+	# over / (as switch_root does). A plain chroot would leave the initramfs as
+	# the namespace's root: runc's pivot_root would then keep it under every
+	# container, and `runc exec` (exec probes) would land in the initramfs.
+	# PID 1 stays in the first namespace, so the firmware root is unchanged.
+	unshare -m /bin/sh -c 'cd /host && mount --move . / && exec chroot . "$@"' entry \
+		/usr/bin/env -i \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		HOME=/run/kmodkit-test $(env | grep '^KMODKIT_NODE_') \
+		/bin/sh "$KMODKIT_ENTRY"
+	echo "KMODKIT-INIT entry exited $?"
+	poweroff -f
+fi
 chroot /host /usr/bin/env -i \
 	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	HOME=/run/kmodkit-test PYTHONDONTWRITEBYTECODE=1 \

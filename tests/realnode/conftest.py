@@ -1,0 +1,73 @@
+"""A devcluster with a real node (kubelet and containerd in a qemu VM, see
+kmodkit_dev.realnode) and the registry that node pulls from, once per session.
+
+This ``dev_cluster`` replaces the session cluster of tests/conftest.py for the
+tests in this directory, so its ``kube_api`` and ``namespace`` fixtures talk to
+this cluster. Two kwok nodes run beside the real node, as in every devcluster.
+On a failure, the node's logs (VM console, its init, containerd, kubelet) are
+printed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import realnode
+from kmodkit_dev.registry import Registry
+from tests.realnode import images
+
+CLUSTER_NAME = f"pytest-realnode-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
+    capture: Any = request.config.pluginmanager.get_plugin("capturemanager")
+
+    def say(msg: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n{msg}", flush=True)
+
+    c = devcluster.up(CLUSTER_NAME, nodes=2, profile="plain", echo=say, real_node=True)
+    try:
+        yield c
+    finally:
+        devcluster.down(CLUSTER_NAME, echo=say)
+
+
+@pytest.fixture(scope="session")
+def real_node(dev_cluster: devcluster.Cluster) -> realnode.RealNode:
+    node = realnode.load(dev_cluster.dir)
+    assert node is not None
+    return node
+
+
+@pytest.fixture(scope="session")
+def node_registry(dev_cluster: devcluster.Cluster, real_node: realnode.RealNode) -> Registry:
+    return real_node.registry(dev_cluster.pki / "ca.crt")
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(real_node: realnode.RealNode) -> Path:
+    return realnode.prepare_kernel(lambda _m: None)
+
+
+@pytest.fixture(scope="session")
+def image_refs(node_registry: Registry, kernel_cache: Path) -> dict[str, str]:
+    return images.push_all(node_registry, kernel_cache)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome: Any = yield
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        cluster = getattr(item, "funcargs", {}).get("dev_cluster")
+        node = realnode.load(cluster.dir) if cluster is not None else None
+        if node is not None:
+            report.sections.append(("real node logs", node.log_tails(60)))
