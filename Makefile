@@ -7,15 +7,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devcluster/pyproject.toml agent/pyproject.toml | md5sum | cut -c1-12)
 
+# busybox-static and tmux for the tests; mmdebstrap, buildah and skopeo make and
+# push the product's images; containerd, runc, the CNI plugins, iptables and
+# socat run the real node (the kernel tier's prepare.sh installs qemu itself).
+DEBIAN_PACKAGES := busybox-static tmux mmdebstrap buildah skopeo containerd runc \
+	containernetworking-plugins iptables socat
+
 .PHONY: setup system-deps devcluster-bin lint test unit demo crds krew bench clean
 
 system-deps:
 	@command -v go >/dev/null || { echo "Go 1.26 is required to build the local control plane" >&2; exit 1; }
 	@missing=""; command -v openssl >/dev/null || missing="openssl"; \
-	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
-	dpkg -s tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
+	for pkg in $(DEBIAN_PACKAGES); do \
+	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 	@apt-cache show prometheus >/dev/null 2>&1 || { echo "updating the apt lists (promtool is fetched from Debian's prometheus package)"; apt-get update -qq; }
 
 $(STAMP): pyproject.toml devcluster/pyproject.toml agent/pyproject.toml

@@ -110,6 +110,7 @@ IMAGES: dict[str, ImageSpec] = {
     "operator": ImageSpec(ROOT / "dockerfiles/operator/Dockerfile", ROOT),
     "agent": ImageSpec(ROOT / "dockerfiles/agent/Dockerfile", ROOT),
     "signer": ImageSpec(ROOT / "dockerfiles/signer/Dockerfile", ROOT),
+    "builder": ImageSpec(ROOT / "dockerfiles/builder/Dockerfile", ROOT),
     "tenstorrent-builder": ImageSpec(
         ROOT / "dockerfiles/tenstorrent/builder/Dockerfile",
         ROOT,

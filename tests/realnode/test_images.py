@@ -26,6 +26,7 @@ CONTRACT = {
     "operator": {"Entrypoint": ["kmodkit"], "Cmd": ["run"], "User": "65532:65532"},
     "agent": {"Entrypoint": ["kmodkit-agent"], "User": ""},
     "signer": {"Entrypoint": ["kmodkit-sign"], "User": "65532:65532"},
+    "builder": {"Entrypoint": ["/usr/local/bin/kmodkit-build"], "User": ""},
     "tenstorrent-builder": {"Entrypoint": ["/usr/local/bin/tt-builder"], "User": ""},
     "tenstorrent-flasher": {"Entrypoint": ["/usr/local/bin/tt-flash-node"], "User": ""},
 }
@@ -111,6 +112,13 @@ def test_signer_runs_unprivileged_with_sign_file(pulled: dict[str, support.Pulle
     assert done.returncode == 0, done.stderr
     (sign_file,) = pulled["signer"].rootfs.glob("usr/lib/linux-kbuild-*/scripts/sign-file")
     assert sign_file.stat().st_mode & 0o111
+
+
+def test_builder_runs_its_program_over_buildah(pulled: dict[str, support.Pulled]) -> None:
+    done = support.run(pulled["builder"])  # its entrypoint, without the Job's arguments
+    assert done.returncode == 2 and "--destination is required" in done.stderr, done
+    buildah = support.run(pulled["builder"], ["buildah", "--version"])
+    assert buildah.returncode == 0 and "buildah version" in buildah.stdout, buildah.stderr
 
 
 def test_tenstorrent_builder_entrypoint_and_tools(pulled: dict[str, support.Pulled]) -> None:
