@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kmodkit_dev import build, cluster
+from kmodkit_dev import build, cluster, realnode
 from kmodkit_dev.nodes import PROFILES
 
 
@@ -34,11 +34,16 @@ def dev() -> None:
     show_default=True,
     help="Cluster name; several clusters can run side by side.",
 )
-def up(nodes: int, profile: str, name: str) -> None:
+@click.option(
+    "--real-node",
+    is_flag=True,
+    help="Also start a real node: kubelet and containerd in a qemu VM on Debian's kernel.",
+)
+def up(nodes: int, profile: str, name: str, real_node: bool) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1."""
     try:
-        cluster.up(name, nodes=nodes, profile=profile, echo=click.echo)
-    except (build.BuildError, cluster.ClusterError) as e:
+        cluster.up(name, nodes=nodes, profile=profile, echo=click.echo, real_node=real_node)
+    except (build.BuildError, cluster.ClusterError, realnode.RealNodeError) as e:
         raise click.ClickException(str(e)) from e
 
 
