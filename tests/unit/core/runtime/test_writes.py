@@ -55,12 +55,14 @@ def test_no_more_than_max_in_flight_writes_run_at_once(pool: WritePool) -> None:
 
     done = threading.Thread(target=lambda: pool.run(Write("w", write) for _ in range(40)))
     done.start()
-    for _ in range(4):
-        assert entered.acquire(timeout=WAIT)
-    # Four are in and blocked: a fifth would be let in only by a pool wider than four.
-    assert not entered.acquire(timeout=0.5)
-    assert inside[0] == 4 and pool.in_flight == 4
-    gate.set()
+    try:
+        for _ in range(4):
+            assert entered.acquire(timeout=WAIT)
+        # Four are in and blocked: a fifth would be let in only by a pool wider than four.
+        assert not entered.acquire(timeout=0.5)
+        assert inside[0] == 4 and pool.in_flight == 4
+    finally:
+        gate.set()
     done.join(WAIT)
     assert peak[0] == 4 and pool.peak == 4 and pool.in_flight == 0
 
