@@ -251,11 +251,10 @@ def test_apf_throttling_is_waited_out_and_no_write_fails(
     )
     try:
         _converge(kube_api, namespace, oci_registry, fleet)
-        throttled = _metric(port, "kmodkit_api_throttled_total")
         # The real apiserver refused some writes with 429 (its audit log says so) ...
         assert _audited_429s(dev_cluster, user) > 0
-        assert throttled > 0
-        # ... and not one of them was reported as failed.
+        # ... not one of them was reported as failed, and each was sent again.
         _no_write_failed(kube_api, namespace, op)
+        assert _metric(port, "kmodkit_api_throttled_total") > 0
     finally:
         op.stop()
