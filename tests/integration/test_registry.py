@@ -26,8 +26,10 @@ from kmodkit.core.engine.build_plan import BuildSettings
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Credentials, Existence, check
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.writes import WritePool
 from kmodkit_dev import pki
 from kmodkit_dev import registry as devregistry
 from tests.integration import registry_fronts
@@ -266,6 +268,8 @@ class StatusKube:
     """Stand-in for kmodkit.core.runtime.kube.Kube: one pull secret, recorded status writes."""
 
     def __init__(self, secret: Mapping[str, str]) -> None:
+        # One write at a time, as recorded: the order the pass hands them over.
+        self.writes = WritePool(1, api_message)
         self.secret = dict(secret)
         self.statuses: list[Mapping[str, Any]] = []
 

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core.events import Recorder
 from kmodkit.core.labels import FIELD_MANAGER
+from kmodkit.core.runtime.writes import Throttle, WritePool, WriteSettings
 
 log = logging.getLogger("kmodkit.kube")
 
@@ -39,8 +40,13 @@ def api_message(err: BaseException) -> str:
 class Kube:
     """The API calls the engine makes, on one ApiClient."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, writes: WriteSettings | None = None) -> None:
+        settings = writes or WriteSettings.from_env()
+        # Every request of this client is paced and waits out APF's throttling; the
+        # engine's passes hand their independent writes to one pool, bounded in all.
+        Throttle(settings).install(api)
         self.api = api
+        self.writes = WritePool(settings.max_in_flight, api_message)
         # Bodies are plain dicts (as planned), which the client accepts but its
         # stubs do not describe; the typed surface of this class is the contract.
         self.core: Any = client.CoreV1Api(api)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 from kubernetes_asyncio import client as aclient
 from pydantic import ValidationError
 
@@ -78,10 +77,10 @@ from kmodkit.core.events import ONCE
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
-from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, Shared
+from kmodkit.core.runtime.writes import Write, WritePool
 
 log = logging.getLogger("kmodkit.engine")
 
@@ -130,6 +129,7 @@ class ModuleController:
     def __init__(self, shared: Shared, settings: ModuleControllerSettings) -> None:
         self.shared = shared
         self.kube = shared.kube
+        self.writes: WritePool = shared.kube.writes
         self.settings = settings
         self.answers = AnswerCache(other_ttl=settings.recheck_seconds)
         # (namespace, module) -> views of its objects, from the informers.
@@ -285,16 +285,22 @@ class ModuleController:
             held = any(consumers.values())
 
         owner = controller_reference({**body, **MODULE_REF})
-        failures = []
         for job in builds.create:
             job["metadata"]["ownerReferences"] = [owner]
-            failures += self._attempt(
-                f"creating Job {ns}/{job['metadata']['name']}", self.kube.create, job
-            )
-        for job_name in builds.delete:
-            failures += self._attempt(
-                f"deleting Job {ns}/{job_name}", self.kube.delete_job, ns, job_name
-            )
+        failures = self.writes.failures(
+            [
+                *(
+                    Write(
+                        f"creating Job {ns}/{job['metadata']['name']}", _bind(self.kube.create, job)
+                    )
+                    for job in builds.create
+                ),
+                *(
+                    Write(f"deleting Job {ns}/{j}", _bind(self.kube.delete_job, ns, j))
+                    for j in builds.delete
+                ),
+            ]
+        )
         unposted = set()
         for event in builds.events:
             if not self.kube.events.post(
@@ -309,15 +315,14 @@ class ModuleController:
         # an event the apiserver refused, repeats that Job's events rather than losing
         # them. The loop's debounce before the next pass usually lets the watch deliver
         # this write first; a slower watch can repeat an event, rarely.
-        for job_name, reported in builds.reported.items():
-            if job_name not in unposted:
-                failures += self._attempt(
-                    f"annotating Job {ns}/{job_name}",
-                    self.kube.annotate_job,
-                    ns,
-                    job_name,
-                    {REPORTED_ANNOTATION: reported},
-                )
+        failures += self.writes.failures(
+            Write(
+                f"annotating Job {ns}/{job_name}",
+                _bind(self.kube.annotate_job, ns, job_name, {REPORTED_ANNOTATION: reported}),
+            )
+            for job_name, reported in builds.reported.items()
+            if job_name not in unposted
+        )
         failures += self._apply_pods(final, owner, ns)
         failures += self._label_nodes(
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []), body
@@ -394,62 +399,77 @@ class ModuleController:
     def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> list[str]:
         """Create, then delete; a refused call is one failure (returned, with the API's
         message), and the rest of the pass goes on."""
-        failures = []
-        refused: set[str] = set()
-        # Creations first: a pod is deleted only once the pod that takes over its
-        # record (a successor, an unloader) exists.
+        # Creations first, all of them, then deletions: a pod is deleted only once the
+        # pod that takes over its record (a successor, an unloader) exists.
         for pod in final.create:
             pod["metadata"]["ownerReferences"] = [owner]
-            made = self._attempt(
-                f"creating Pod {ns}/{pod['metadata']['name']}", self.kube.create, pod
-            )
-            if made:
-                refused.add(pod["spec"]["nodeName"])
-            failures += made
-        for node, names in final.deletes_by_node.items():
-            for pod_name in names if node not in refused else ():
-                failures += self._attempt(
-                    f"deleting Pod {ns}/{pod_name}", self.kube.delete_pod, ns, pod_name
-                )
+        made = self.writes.run(
+            Write(f"creating Pod {ns}/{pod['metadata']['name']}", _bind(self.kube.create, pod))
+            for pod in final.create
+        )
+        refused = {
+            pod["spec"]["nodeName"] for pod, said in zip(final.create, made, strict=True) if said
+        }
+        failures = [said for said in made if said is not None]
+        failures += self.writes.failures(
+            Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
+            for node, names in final.deletes_by_node.items()
+            if node not in refused
+            for pod_name in names
+        )
         return failures
 
     def _apply_device_plugin(
         self, plugin: DevicePluginPlan, owner: Mapping[str, Any], ns: str
     ) -> list[str]:
-        failures = []
+        writes = []
         if plugin.apply is not None:
             plugin.apply["metadata"]["ownerReferences"] = [owner]
-            failures += self._attempt(
-                f"applying DaemonSet {ns}/{plugin.apply['metadata']['name']}",
-                self.kube.apply_daemon_set,
-                plugin.apply,
+            writes.append(
+                Write(
+                    f"applying DaemonSet {ns}/{plugin.apply['metadata']['name']}",
+                    _bind(self.kube.apply_daemon_set, plugin.apply),
+                )
             )
-        for ds in plugin.delete:
-            failures += self._attempt(
-                f"deleting DaemonSet {ns}/{ds}", self.kube.delete_daemon_set, ns, ds
-            )
-        return failures
+        writes += [
+            Write(f"deleting DaemonSet {ns}/{ds}", _bind(self.kube.delete_daemon_set, ns, ds))
+            for ds in plugin.delete
+        ]
+        return self.writes.failures(writes)
 
     def _report_failures(
         self, body: Mapping[str, Any], reason: str, messages: Iterable[str]
     ) -> None:
-        for message in messages:
-            self.kube.events.post(
-                _module_ref(body), reason, message, warning=True, repeat_after=REPORT_AGAIN
+        self.writes.run(
+            Write(
+                f"posting Event {reason}",
+                _bind(self._post, _module_ref(body), reason, message, True, REPORT_AGAIN),
             )
+            for message in messages
+        )
 
     def _report_decisions(self, final: LoaderPlan, body: Mapping[str, Any]) -> None:
         """A node failed or held back: told on the Module and on the node."""
         meta = body.get("metadata") or {}
         module = f"{meta.get('namespace')}/{meta.get('name')}"
+        posts = []
         for d in node_decisions(final):
             about = [(_module_ref(body), f"node {d.node}: {d.message}")]
             if (view := self.nodes.get(d.node)) is not None:
                 about.append((_node_ref(view), f"Module {module}: {d.message}"))
-            for ref, message in about:
-                self.kube.events.post(
-                    ref, d.reason, message, warning=d.warning, repeat_after=REPORT_AGAIN
+            posts += [
+                Write(
+                    f"posting Event {d.reason}",
+                    _bind(self._post, ref, d.reason, message, d.warning, REPORT_AGAIN),
                 )
+                for ref, message in about
+            ]
+        self.writes.run(posts)
+
+    def _post(
+        self, ref: Mapping[str, Any], reason: str, message: str, warning: bool, again: float
+    ) -> None:
+        self.kube.events.post(ref, reason, message, warning=warning, repeat_after=again)
 
     def _label_nodes(
         self, changes: Mapping[str, Mapping[str, str | None]], body: Mapping[str, Any]
@@ -457,29 +477,24 @@ class ModuleController:
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
-        failures = []
-        for node, change in sorted(changes.items()):
-            refused = self._attempt(f"labelling Node {node}", self.kube.label_node, node, change)
-            failures += refused
+
+        def label(node: str, change: Mapping[str, str | None]) -> None:
+            # The node's events follow its own label write (a refusal raises past them);
+            # nodes are independent of each other.
+            self.kube.label_node(node, change)
             view = self.nodes.get(node)
-            if refused or ready_key not in change or view is None:
-                continue
+            if ready_key not in change or view is None:
+                return
             loaded = change[ready_key] is not None
             reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
             done = "loaded into" if loaded else "unloaded from"
             self.kube.events.post(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
             self.kube.events.post(_module_ref(body), reason, f"{done} the kernel of node {node}")
-        return failures
 
-    @staticmethod
-    def _attempt(what: str, call: Callable[..., object], *args: object) -> list[str]:
-        """One write of a pass: a refusal is reported (with the API's message), not raised."""
-        try:
-            call(*args)
-        except ApiException as err:
-            log.warning("%s failed: %s", what, api_message(err))
-            return [f"{what}: {api_message(err)}"]
-        return []
+        return self.writes.failures(
+            Write(f"labelling Node {node}", _bind(label, node, change))
+            for node, change in sorted(changes.items())
+        )
 
     def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
         """``namespace/name`` of the pods on ``node`` that run only while it carries one of
@@ -549,6 +564,10 @@ class ModuleController:
             raise kopf.TemporaryError(
                 f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
+
+
+def _bind(call: Callable[..., object], *args: object) -> Callable[[], object]:
+    return functools.partial(call, *args)
 
 
 def _module_ref(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,10 @@ from kmodkit.core.engine.build_plan import (
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Existence
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.writes import WritePool
 
 NS, NAME, KERNEL = "drivers", "xe", "7.0.0-14-generic"
 IMAGE = f"r.io/xe:{KERNEL}"
@@ -31,6 +33,8 @@ class RecordingKube:
     """Stand-in for kmodkit.core.runtime.kube.Kube: records what a pass does, in order."""
 
     def __init__(self) -> None:
+        # One write at a time, as recorded: the order the pass hands them over.
+        self.writes = WritePool(1, api_message)
         self.calls: list[tuple[str, Any]] = []
         self.created: list[dict[str, Any]] = []
         self.refused: set[str] = set()

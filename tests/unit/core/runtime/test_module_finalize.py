@@ -27,8 +27,10 @@ from kmodkit.core.engine.loader_pod import (
     loader_pod_view,
 )
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
+from kmodkit.core.runtime.writes import WritePool
 
 NS, NAME, KERNEL = "drivers", "xe", "6.8.0-45-generic"
 READY = labels.READY.key(NS, NAME)
@@ -52,6 +54,8 @@ class RecordingKube:
     """Stand-in for kmodkit.core.runtime.kube.Kube: records what the controller writes."""
 
     def __init__(self) -> None:
+        # One write at a time, as recorded: the order the pass hands them over.
+        self.writes = WritePool(1, api_message)
         self.labelled: list[tuple[str, dict[str, str | None]]] = []
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []

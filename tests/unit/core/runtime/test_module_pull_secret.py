@@ -22,8 +22,10 @@ from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Credentials, Existence
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.runtime import module_controller
+from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.writes import WritePool
 from tests.unit.examples import minimal
 
 NS, SECRET, KERNEL = "drivers", "pull", "6.8.0-45-generic"
@@ -35,6 +37,8 @@ class SecretKube:
     """Stand-in for kmodkit.core.runtime.kube.Kube: one Secret, recorded status writes."""
 
     def __init__(self, data: dict[str, str] | None) -> None:
+        # One write at a time, as recorded: the order the pass hands them over.
+        self.writes = WritePool(1, api_message)
         self.data = data
         self.statuses: list[Mapping[str, Any]] = []
 
