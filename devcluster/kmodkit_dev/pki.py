@@ -55,8 +55,18 @@ def make_pki(d: Path, admin_token: str) -> None:
         "serving.csr",
         cwd=d,
     )
+    issue_serving_cert(d, ("IP:127.0.0.1", "DNS:localhost"))
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    (d / "tokens.csv").write_text(f"{admin_token},{ADMIN_TOKEN_USER},uid-admin,system:masters\n")
+    for key in ("ca.key", "serving.key", "sa.key", "tokens.csv"):
+        (d / key).chmod(0o600)
+
+
+def issue_serving_cert(d: Path, names: tuple[str, ...]) -> None:
+    """(Re-)issue the apiserver's serving certificate from its key's request, for ``names``
+    (subjectAltName entries such as ``IP:127.0.0.1``), signed by the cluster's CA."""
     (d / "serving.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        f"subjectAltName={','.join(names)}\n"
         "extendedKeyUsage=serverAuth\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
     )
@@ -78,7 +88,3 @@ def make_pki(d: Path, admin_token: str) -> None:
         "serving.crt",
         cwd=d,
     )
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
-    (d / "tokens.csv").write_text(f"{admin_token},{ADMIN_TOKEN_USER},uid-admin,system:masters\n")
-    for key in ("ca.key", "serving.key", "sa.key", "tokens.csv"):
-        (d / key).chmod(0o600)

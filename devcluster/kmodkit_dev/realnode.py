@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kmodkit_dev import build, procs, registry, repo
+from kmodkit_dev import pki as pki_files
 from kmodkit_dev.versions import TOOLS
 
 Echo = Callable[[str], None]
@@ -126,31 +127,14 @@ def add_service_names(pki: Path) -> None:
     """Re-issue the apiserver's serving certificate for the kubernetes Service's
     ClusterIP and names too, so in-cluster clients on the real node verify it, as
     every real cluster's certificate allows."""
-    sans = ",".join(
-        ["IP:127.0.0.1", "DNS:localhost", f"IP:{SERVICE_IP}"]
-        + [f"DNS:{n}" for n in (*SERVICE_NAMES, "kubernetes.default.svc.cluster.local")]
-    )
-    (pki / "serving-node.ext").write_text(
-        f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-    )
-    _openssl(
+    pki_files.issue_serving_cert(
         pki,
-        "x509",
-        "-req",
-        "-in",
-        "serving.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-extfile",
-        "serving-node.ext",
-        "-out",
-        "serving.crt",
+        (
+            "IP:127.0.0.1",
+            "DNS:localhost",
+            f"IP:{SERVICE_IP}",
+            *(f"DNS:{n}" for n in (*SERVICE_NAMES, "kubernetes.default.svc.cluster.local")),
+        ),
     )
 
 
