@@ -491,10 +491,18 @@ class ModuleController:
             self.kube.events.post(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
             self.kube.events.post(_module_ref(body), reason, f"{done} the kernel of node {node}")
 
-        return self.writes.failures(
-            Write(f"labelling Node {node}", _bind(label, node, change))
-            for node, change in sorted(changes.items())
-        )
+        # Nodes that become ready are labelled before any node stops being ready: written
+        # side by side, a node leaving could land first and, for a moment, more nodes than
+        # the budget allows would be unready at once.
+        first, then = readiness_first(changes)
+        return [
+            failure
+            for batch in (first, then)
+            for failure in self.writes.failures(
+                Write(f"labelling Node {node}", _bind(label, node, batch[node]))
+                for node in sorted(batch)
+            )
+        ]
 
     def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
         """``namespace/name`` of the pods on ``node`` that run only while it carries one of
@@ -634,3 +642,11 @@ def _removal_module(body: Mapping[str, Any]) -> Module:
                 },
             }
         )
+
+
+def readiness_first(
+    changes: Mapping[str, Mapping[str, str | None]],
+) -> tuple[dict[str, Mapping[str, str | None]], dict[str, Mapping[str, str | None]]]:
+    """The label changes in two batches: those that remove no label, then those that do."""
+    adds = {n: c for n, c in changes.items() if all(v is not None for v in c.values())}
+    return adds, {n: c for n, c in changes.items() if n not in adds}

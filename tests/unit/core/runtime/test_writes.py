@@ -234,3 +234,40 @@ def test_each_successor_pod_exists_before_its_predecessor_is_deleted() -> None:
     assert kube.order_broken == []
     # The node whose successor was refused keeps its pod; every other is swapped.
     assert sorted(kube.deleted) == sorted(n for n in nodes if n != "n7")
+
+
+class LabelKube:
+    """Stand-in for Kube: records node label writes and whether a node lost its label while
+    another was still waiting to gain one."""
+
+    def __init__(self, gaining: set[str]) -> None:
+        self.waiting = set(gaining)
+        self.early: list[str] = []
+        self.lock = threading.Lock()
+        self.writes = WritePool(8, api_message)
+
+    def label_node(self, node: str, change: dict[str, str | None]) -> None:
+        with self.lock:
+            if any(v is None for v in change.values()) and self.waiting:
+                self.early.append(node)
+            self.waiting.discard(node)
+
+
+def test_nodes_gaining_readiness_are_labelled_before_any_node_loses_it() -> None:
+    gaining = {f"a{i}" for i in range(20)}
+    kube = LabelKube(gaining)
+    shared = Shared(kube=kube, operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    controller = ModuleController(
+        shared,
+        ModuleControllerSettings(
+            loader=LoaderSettings(agent_image="registry.example.com/agent:1"),
+            build=BuildSettings(builder_image="registry.example.com/builder:1"),
+        ),
+    )
+    key = "kmm.node.kubernetes.io/ns.m.ready"
+    # Sorted by name the losing nodes would come first.
+    changes = {n: {key: ""} for n in gaining} | {f"0-{i}": {key: None} for i in range(20)}
+    body = {"metadata": {"namespace": "ns", "name": "m"}}
+    assert controller._label_nodes(changes, body) == []
+    assert kube.early == []
+    assert kube.waiting == set()
