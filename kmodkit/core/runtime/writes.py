@@ -30,6 +30,8 @@ from prometheus_client import Counter, Gauge
 log = logging.getLogger("kmodkit.writes")
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+DISRUPTION_BUDGET_CAUSE = b'"DisruptionBudget"'
+"""The cause an eviction's 429 names when a PodDisruptionBudget refused it."""
 DEFAULT_RETRY_AFTER = 1.0
 """What a 429 without a usable Retry-After is waited (APF always sends one)."""
 
@@ -67,12 +69,16 @@ class WriteSettings:
         )
 
 
-def retry_after(status: int, headers: Mapping[str, str] | None) -> float | None:
+def retry_after(status: int, headers: Mapping[str, str] | None, body: bytes = b"") -> float | None:
     """Seconds to wait before sending again, if the answer means "throttled"; else None.
 
     APF rejects with 429 and Retry-After; an overloaded or starting apiserver may
-    answer 503 with Retry-After. A 503 without it is an outage, not pacing.
+    answer 503 with Retry-After. A 503 without it is an outage, not pacing. An
+    eviction a PodDisruptionBudget refuses is a 429 too, but an answer: the
+    rollout reports the node as blocked rather than wait on it here.
     """
+    if status == 429 and DISRUPTION_BUDGET_CAUSE in body:
+        return None
     raw = (headers or {}).get("Retry-After")
     try:
         seconds: float | None = max(0.0, float(raw)) if raw is not None else None
@@ -137,11 +143,14 @@ class Throttle:
             if method in MUTATING:
                 self._pace()
             response = inner(method, *args, **kwargs)
-            delay = retry_after(response.status, response.headers)
+            if response.status not in (429, 503):
+                return response
+            # Read whole (a Status, small), so its connection goes back to the pool and
+            # the caller still gets the body.
+            delay = retry_after(response.status, response.headers, response.read() or b"")
             budget = self.settings.throttled_budget_seconds - waited
             if delay is None or budget <= 0:
                 return response
-            response.read()  # drain it, so its connection goes back to the pool
             delay = min(delay, self.settings.max_retry_after_seconds, budget)
             THROTTLED.labels(method).inc()
             log.debug(

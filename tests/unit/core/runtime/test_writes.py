@@ -97,12 +97,14 @@ def test_a_bug_in_a_write_is_raised_after_the_batch(pool: WritePool) -> None:
 
 
 class Resp:
-    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
-        self.status, self.headers, self.drained = status, headers or {}, False
+    def __init__(
+        self, status: int, headers: dict[str, str] | None = None, body: bytes = b""
+    ) -> None:
+        self.status, self.headers, self.body, self.drained = status, headers or {}, body, False
 
     def read(self) -> bytes:
         self.drained = True
-        return b""
+        return self.body
 
 
 class Answers:
@@ -186,6 +188,24 @@ def test_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
 )
 def test_retry_after(status: int, headers: dict[str, str], wait: float | None) -> None:
     assert retry_after(status, headers) == wait
+
+
+# What the apiserver answers an eviction a PodDisruptionBudget blocks (trimmed).
+PDB_REFUSAL = (
+    b'{"kind":"Status","status":"Failure","message":"Cannot evict pod as it would violate'
+    b' the pod\'s disruption budget.","reason":"TooManyRequests","details":{"causes":'
+    b'[{"reason":"DisruptionBudget","message":"The disruption budget pdb-n1 needs 1 healthy'
+    b' pods and has 1 currently"}]},"code":429}'
+)
+
+
+@pytest.mark.parametrize("headers", [{}, {"Retry-After": "10"}])
+def test_an_eviction_refused_by_a_disruption_budget_is_an_answer(headers: dict[str, str]) -> None:
+    assert retry_after(429, headers, PDB_REFUSAL) is None
+    throttle, slept = _throttle()
+    answers = Answers(Resp(429, headers, PDB_REFUSAL), Resp(201))
+    assert throttle.send(answers, "POST", "/api/v1/namespaces/ns/pods/p/eviction").status == 429
+    assert slept == []
 
 
 class PodKube:
