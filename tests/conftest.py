@@ -68,6 +68,11 @@ def kube_api(dev_cluster: devcluster.Cluster) -> Any:
 
 @pytest.fixture
 def namespace(kube_api: Any) -> Iterator[str]:
+    yield from temporary_namespace(kube_api)
+
+
+def temporary_namespace(kube_api: Any) -> Iterator[str]:
+    """A fresh namespace for one test, deleted after it."""
     from kubernetes import client
 
     name = f"t-{uuid.uuid4().hex[:10]}"

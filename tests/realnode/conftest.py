@@ -2,8 +2,10 @@
 kmodkit_dev.realnode) and the registry that node pulls from, once per session.
 
 This ``dev_cluster`` replaces the session cluster of tests/conftest.py for the
-tests in this directory, so its ``kube_api`` and ``namespace`` fixtures talk to
-this cluster. Two kwok nodes run beside the real node, as in every devcluster.
+tests in this directory, and so do ``kube_api`` and ``namespace``: pytest keeps a
+session fixture's value once made, so tests/conftest.py's ``kube_api``, made
+earlier in a whole run for the kwok cluster, would stay bound to that cluster.
+Two kwok nodes run beside the real node, as in every devcluster.
 On a failure, the node's logs (VM console, its init, containerd, kubelet) are
 printed.
 """
@@ -20,6 +22,7 @@ import pytest
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import realnode
 from kmodkit_dev.registry import Registry
+from tests.conftest import temporary_namespace
 from tests.realnode import images
 
 CLUSTER_NAME = f"pytest-realnode-{os.getpid()}"
@@ -38,6 +41,16 @@ def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
         yield c
     finally:
         devcluster.down(CLUSTER_NAME, echo=say)
+
+
+@pytest.fixture(scope="session")
+def kube_api(dev_cluster: devcluster.Cluster) -> Any:
+    return devcluster.api_client(dev_cluster)
+
+
+@pytest.fixture
+def namespace(kube_api: Any) -> Iterator[str]:
+    yield from temporary_namespace(kube_api)
 
 
 @pytest.fixture(scope="session")
