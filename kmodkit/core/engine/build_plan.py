@@ -74,6 +74,10 @@ class BuildSettings:
     """How often a running build's Dockerfile is read again (nothing watches ConfigMaps)."""
     signer_image: str = ""
     """The image that runs ``kmodkit-sign`` in sign Jobs."""
+    registry_ca_config_map: str = ""
+    """A ConfigMap in the Module's namespace whose ``registry_ca_key`` holds CA
+    certificates the build trusts for its registries besides the system's (empty: none)."""
+    registry_ca_key: str = "ca.crt"
 
 
 @dataclass(frozen=True)
@@ -501,6 +505,7 @@ def _tls(tls: RegistryTLS | None) -> list[bool]:
 WORKSPACE = "/workspace"
 HOST_MODULES = "/host/lib/modules"
 AUTH_DIR = "/run/kmodkit/registry-auth"
+CA_DIR = "/etc/kmodkit/registry-ca"
 STORAGE_DIR = "/var/lib/containers"
 BUILDER_CAPABILITIES = (
     # buildah's default capabilities for RUN steps (Docker's build set): a
@@ -527,7 +532,7 @@ BUILDER_CAPABILITIES = (
 
 
 def _builder(
-    module: Module, image: str, resolved: ResolvedMapping
+    module: Module, image: str, resolved: ResolvedMapping, settings: BuildSettings
 ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     """kmodkit-build's arguments, volume mounts and volumes for building ``image``.
 
@@ -581,6 +586,21 @@ def _builder(
             }
         )
         args.append(f"--authfile={AUTH_DIR}/config.json")
+    if settings.registry_ca_config_map:
+        # Optional: without it the build fails at the registry with buildah's
+        # certificate error, in the Job's status, instead of waiting on the volume.
+        mounts.append({"name": "registry-ca", "mountPath": CA_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "registry-ca",
+                "configMap": {
+                    "name": settings.registry_ca_config_map,
+                    "items": [{"key": settings.registry_ca_key, "path": "ca.crt"}],
+                    "optional": True,
+                },
+            }
+        )
+        args.append(f"--cert-dir={CA_DIR}")
     return args, mounts, volumes
 
 
@@ -625,7 +645,7 @@ def build_job(
     retry: int = 0,
 ) -> dict[str, Any]:
     """A build Job that runs kmodkit-build to build and push ``image``, made from ``inputs``."""
-    args, mounts, volumes = _builder(module, image, resolved)
+    args, mounts, volumes = _builder(module, image, resolved, settings)
     container = {
         "name": "build",
         "image": builder_image(settings.builder_image, resolved.build),

@@ -114,6 +114,8 @@ class ModuleControllerSettings:
             build=BuildSettings(
                 builder_image=env.get("KMODKIT_BUILDER_IMAGE", "ghcr.io/kmodkit/builder:0.1.0"),
                 signer_image=env.get("KMODKIT_SIGNER_IMAGE", "ghcr.io/kmodkit/signer:0.1.0"),
+                registry_ca_config_map=env.get("KMODKIT_BUILD_REGISTRY_CA_CONFIGMAP", ""),
+                registry_ca_key=env.get("KMODKIT_BUILD_REGISTRY_CA_KEY") or "ca.crt",
             ),
             registry_ca_bundle=env.get("KMODKIT_REGISTRY_CA") or None,
             recheck_seconds=float(env.get("KMODKIT_IMAGE_RECHECK_SECONDS", "60")),

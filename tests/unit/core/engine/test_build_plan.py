@@ -169,6 +169,33 @@ def test_build_secrets_are_mounted_where_kmm_puts_them_and_bound_into_run_steps(
     assert "--run-volume=/run/secrets/token:/run/secrets/token" in container["args"]
 
 
+def test_the_registry_ca_setting_is_the_builders_cert_dir() -> None:
+    settings = replace(SETTINGS, registry_ca_config_map="registry-ca", registry_ca_key="bundle")
+    (job,) = builds(module(), {IMG1: MISSING}, [], settings=settings).create
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--cert-dir=/etc/kmodkit/registry-ca" in container["args"]
+    assert {
+        "name": "registry-ca",
+        "configMap": {
+            "name": "registry-ca",
+            "items": [{"key": "bundle", "path": "ca.crt"}],
+            "optional": True,
+        },
+    } in pod["volumes"]
+    assert {
+        "name": "registry-ca",
+        "mountPath": "/etc/kmodkit/registry-ca",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    # Without the setting, the system's CAs only.
+    (plain,) = builds(module(), {IMG1: MISSING}, []).create
+    assert not any(
+        a.startswith("--cert-dir")
+        for a in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
 def test_the_builder_runs_as_root_with_named_capabilities_not_privileged() -> None:
     (job,) = builds(module(), BOTH_MISSING, []).create
     (container,) = job["spec"]["template"]["spec"]["containers"]
