@@ -722,6 +722,11 @@ def _image_job(
 ) -> dict[str, Any]:
     """The Job around ``pod``: what it pushes and was made from, recorded on it."""
     name, ns = module.metadata.name or "", module.metadata.namespace or ""
+    pull: dict[str, Any] = {}
+    if module.spec.image_repo_secret is not None:
+        # The builder and signer images too, as loader pods pull the agent image with
+        # it: an air-gapped fleet mirrors them beside its modules.
+        pull["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
     annotations = {
         IMAGE_ANNOTATION: image,
         ATTEMPT_ANNOTATION: str(attempt),
@@ -758,6 +763,7 @@ def _image_job(
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "tolerations": module.spec.pod_tolerations(),
+                    **pull,
                     **pod,
                 },
             },

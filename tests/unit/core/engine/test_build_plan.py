@@ -196,6 +196,15 @@ def test_the_registry_ca_setting_is_the_builders_cert_dir() -> None:
     )
 
 
+def test_the_build_pod_pulls_the_builder_with_the_modules_pull_secret() -> None:
+    (job,) = builds(module(), {IMG1: MISSING}, []).create
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "push"}]
+    m = module().model_copy(deep=True)
+    m.spec.image_repo_secret = None
+    (plain,) = builds(m, {IMG1: MISSING}, []).create
+    assert "imagePullSecrets" not in plain["spec"]["template"]["spec"]
+
+
 def test_the_builder_runs_as_root_with_named_capabilities_not_privileged() -> None:
     (job,) = builds(module(), BOTH_MISSING, []).create
     (container,) = job["spec"]["template"]["spec"]["containers"]
