@@ -163,6 +163,7 @@ _NAME_SET = "(has(self.moduleName) && self.moduleName != '')"
 # A file to sign: a path or glob in the image, templated with the kernel variables.
 # 32 entries of 256 characters in each of 64 mappings keep its rules within the apiserver's
 # cost budget; globs name many modules in one entry.
+DeviceGlob = Annotated[str, Field(max_length=1024, pattern=r"^/dev/[A-Za-z0-9._+@=/*?\[\]-]+$")]
 SignedFile = Annotated[
     str,
     Field(
@@ -425,6 +426,11 @@ class ModuleLoaderContainer(KubeModel):
     )
 
     modprobe: ModprobeSpec
+    device_paths: list[DeviceGlob] | None = Field(default=None, max_length=16)
+    """The module's device files (globs under /dev, e.g. /dev/dri/render*): a refused
+    unload names the processes holding them, which lets the loader and unloader pods
+    read other processes' open files (CAP_SYS_PTRACE). Unset, it says only that the
+    module is in use."""
     container_image: Annotated[
         ImageRef | None,
         Field(json_schema_extra=cel_rules(_IMAGE_RULE, _IMAGE_VARIABLES_RULE)),

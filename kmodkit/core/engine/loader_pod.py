@@ -281,8 +281,11 @@ def agent_config(
     module: Module, resolved: ResolvedMapping, settings: LoaderSettings
 ) -> AgentConfig:
     """The node agent's configuration for this Module on one kernel."""
+    container = module.spec.loader.container
+    # Only when given: a Module without it keeps its pods' configuration hash.
+    devices = {"device_paths": list(container.device_paths)} if container.device_paths else {}
     return AgentConfig(
-        modprobe=_modprobe(module.spec.loader.container.modprobe),
+        modprobe=_modprobe(container.modprobe),
         in_tree_modules_to_remove=list(resolved.in_tree_modules_to_remove),
         firmware_host_path=settings.firmware_host_path,
         # No ``version``: a KMM version is an admin's label value, not the
@@ -292,6 +295,7 @@ def agent_config(
         # A deleted loader pod leaves the module loaded: only an unloader
         # pod unloads, so a drain, an eviction or an operator upgrade never does.
         unload_on_terminate=False,
+        **devices,
     )
 
 
@@ -457,7 +461,7 @@ def pod_template(
         )
     volumes = _agent_volumes(_host_paths(firmware_host, privileged=privileged))
     agent = list(AGENT_COMMAND)
-    security: dict[str, Any] = {"privileged": True} if privileged else dict(MODULE_LOADING)
+    security = {"privileged": True} if privileged else module_loading(config)
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "serviceAccountName": module.spec.loader.service_account_name or "default",
@@ -581,7 +585,7 @@ def unload_pod(
                 "command": [*AGENT_COMMAND, "unload", "--host-managed-ok"],
                 # On success it removes the module's copies of the image from the host.
                 "env": _copy_env(copy),
-                "securityContext": dict(MODULE_LOADING),
+                "securityContext": module_loading(config),
                 "volumeMounts": mounts,
                 "resources": _resources(),
             }
@@ -704,6 +708,18 @@ def _host_paths(firmware_host: str | None, *, privileged: bool) -> list[tuple[st
     if firmware_host is not None:
         paths.append(("host-firmware", firmware_host, False))
     return paths
+
+
+def module_loading(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's security context: SYS_MODULE, and SYS_PTRACE when the configuration
+    names device paths, to read which processes hold them (other processes' /proc/<pid>/fd,
+    through the host's /proc; it signals none of them)."""
+    if not config.get("devicePaths"):
+        return dict(MODULE_LOADING)
+    return {
+        **MODULE_LOADING,
+        "capabilities": {"add": ["SYS_MODULE", "SYS_PTRACE"], "drop": ["ALL"]},
+    }
 
 
 def _resources() -> dict[str, Any]:

@@ -31,6 +31,8 @@ from kmodkit.core.engine.loader_pod import (
     STAGING,
     LoaderPod,
     LoaderSettings,
+    loader_pod_view,
+    unload_pod,
 )
 from kmodkit.core.nodes import NodeView
 from tests.unit.examples import kmm_example, kmodkit_example, minimal
@@ -610,3 +612,32 @@ def test_a_module_the_agent_would_refuse_gets_a_node_failure_not_a_loader_pod(
         o.message.startswith("spec.moduleLoader.container.modprobe") and why in o.message
         for o in result.outcomes
     )
+
+
+def _agent_capabilities(pod: Mapping[str, Any]) -> list[str]:
+    agent = next(c for c in pod["spec"]["containers"] if c["name"] == "agent")
+    return list(agent["securityContext"]["capabilities"]["add"])
+
+
+def test_device_paths_reach_the_agent_and_let_loader_and_unloader_read_holders() -> None:
+    module = Module.model_validate(minimal(devicePaths=["/dev/xe*", "/dev/dri/render*"]))
+    settings = SETTINGS["builtin-fw"]
+    (pod, *_) = first_load(module, settings, []).create
+    assert parsed_config(pod).device_paths == ["/dev/xe*", "/dev/dri/render*"]
+    assert _agent_capabilities(pod) == ["SYS_MODULE", "SYS_PTRACE"]
+    unloader = unload_pod(module, loader_pod_view(pod), settings, after="uid-1")
+    assert _agent_capabilities(unloader) == ["SYS_MODULE", "SYS_PTRACE"]
+    # Without them: SYS_MODULE alone, and a configuration (and hash) as before.
+    plain = Module.model_validate(minimal())
+    (before, *_) = first_load(plain, settings, []).create
+    assert "devicePaths" not in agent_yaml(before)
+    assert _agent_capabilities(before) == ["SYS_MODULE"]
+    assert _agent_capabilities(unload_pod(plain, loader_pod_view(before), settings, "u")) == [
+        "SYS_MODULE"
+    ]
+
+
+@pytest.mark.parametrize("path", ["dev/xe0", "/sys/class/drm", "/dev/xe 0", "/dev/"])
+def test_a_device_path_outside_dev_is_refused(path: str) -> None:
+    with pytest.raises(ValidationError, match="devicePaths"):
+        Module.model_validate(minimal(devicePaths=[path]))
