@@ -75,7 +75,7 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUILD_CA = "/run/kmodkit-build/ca.crt"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # Bumped when the way an image is made changes in a way its inputs do not show.
-FORMAT = 1
+FORMAT = 2
 STAND_INS = Path(__file__).parent / "stand_ins"
 
 
@@ -415,6 +415,9 @@ def ensure_base(buildah: str = "buildah", echo: Echo = _stderr_echo) -> Built:
                     "--variant=minbase",
                     "--mode=root",
                     "--format=tar",
+                    # No device nodes: builds may not mknod (a build Job has no MKNOD), and
+                    # every runtime gives a container its own /dev.
+                    "--skip=output/dev",
                     *(f"--dpkgopt={option}" for option in DPKG_OPTIONS),
                     SUITE,
                     str(rootfs),
@@ -427,6 +430,8 @@ def ensure_base(buildah: str = "buildah", echo: Echo = _stderr_echo) -> Built:
             with _store(buildah, images_dir()) as b:
                 ctr = b("from", "scratch", what="buildah from scratch").strip()
                 b("add", ctr, str(rootfs), "/", what="buildah add (the base root)")
+                (scratch / "dev").mkdir(mode=0o755)
+                b("add", ctr, str(scratch / "dev"), "/dev", what="buildah add (an empty /dev)")
                 b(
                     "copy",
                     ctr,
@@ -454,6 +459,7 @@ def ensure_base(buildah: str = "buildah", echo: Echo = _stderr_echo) -> Built:
                 )
             rootfs.unlink()
             apt_conf.unlink()
+            (scratch / "dev").rmdir()
             (scratch / "timings.json").write_text(
                 json.dumps(
                     {

@@ -193,3 +193,33 @@ def test_an_unknown_argument_is_refused_without_echoing_its_value(tmp_path: Path
     assert done.returncode == 2
     assert message.read_text() == "unknown argument --pasword\n"
     assert "hunter2-value" not in done.stdout + done.stderr
+
+
+def test_a_layer_the_build_may_not_apply_is_explained(tmp_path: Path) -> None:
+    """buildah's error when a base layer holds device nodes (a build Job has no MKNOD, so
+    applying the layer fails with EPERM) gets a hint saying so. buildah here is a stand-in
+    printing the error the real one printed in a build Job on the real node."""
+    fake = tmp_path / "bin" / "buildah"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\necho 'Error: creating build container: writing blob: adding layer with "
+        'blob "sha256:2958": ApplyLayer stdout:  stderr: operation not permitted exit status 1\'\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    message = tmp_path / "termination-log"
+    done = subprocess.run(
+        [str(BUILDER), "--destination=r.example/x:1", "--dockerfile=/D", "--context=/"],
+        env={
+            "PATH": f"{fake.parent}:{os.environ['PATH']}",
+            "KMODKIT_TERMINATION_LOG": str(message),
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    text = message.read_text()
+    assert "ApplyLayer stdout:  stderr: operation not permitted" in text
+    assert "most often device nodes under /dev: use a base image without them" in text
