@@ -52,6 +52,7 @@ SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
 API_GUEST = "10.0.2.100:443"
 REGISTRY_GUEST = "10.0.2.101:443"
 POD_SUBNET = "10.88.0.0/16"
+FORWARD_PLUGIN = "kmodkit-registry-forward"
 # The kernel looks for firmware in its own root, the VM's initramfs, which the
 # node (chrooted into this machine's root) sees here (tests/kernel/vm_init.sh).
 FIRMWARE_ROOT = "/run/kmodkit-test/node/lib/firmware"
@@ -257,7 +258,7 @@ state = "/run/containerd"
         BinaryName = "/usr/sbin/runc"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "{node / "cni-bin"}"
     conf_dir = "{node / "cni"}"
   # containerd 1.6 talks plain HTTP to a loopback registry unless told the endpoint.
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{registry_host}"]
@@ -267,7 +268,7 @@ state = "/run/containerd"
 """
 
 
-def cni_config() -> dict[str, Any]:
+def cni_config(registry_port: int) -> dict[str, Any]:
     # containerd adds the loopback interface itself.
     return {
         "cniVersion": "1.0.0",
@@ -284,9 +285,23 @@ def cni_config() -> dict[str, Any]:
                     "ranges": [[{"subnet": POD_SUBNET}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
-            }
+            },
+            {"type": FORWARD_PLUGIN, "port": registry_port, "to": REGISTRY_GUEST},
         ],
     }
+
+
+def cni_bin(node: Path) -> None:
+    """Debian's CNI plugins and the registry forward (realnode_cni_forward.py)."""
+    bin_dir = node / "cni-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for plugin in ("bridge", "host-local", "loopback"):
+        link = bin_dir / plugin
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path("/usr/lib/cni") / plugin)
+    forward = bin_dir / FORWARD_PLUGIN
+    forward.write_bytes((Path(__file__).parent / "realnode_cni_forward.py").read_bytes())
+    forward.chmod(0o755)
 
 
 def node_env(settings: dict[str, str]) -> str:
@@ -399,7 +414,7 @@ def prepare_kernel(echo: Echo) -> Path:
 
 
 def qemu_argv(
-    kernel: Path, node: Path, api_port: int, registry_port: int, memory_mb: int = 3072
+    kernel: Path, node: Path, api_port: int, registry_port: int, memory_mb: int = 4096
 ) -> list[str]:
     version = kernel.name
     forward = "socat STDIO TCP:127.0.0.1:{}"
@@ -473,7 +488,8 @@ def start(
     )
     (node / "kubelet.yaml").write_text(json.dumps(kubelet_config(ca)))
     (node / "containerd.toml").write_text(containerd_config(node, reg.host, ca))
-    (node / "cni" / "10-kmodkit.conflist").write_text(json.dumps(cni_config()))
+    (node / "cni" / "10-kmodkit.conflist").write_text(json.dumps(cni_config(registry_port)))
+    cni_bin(node)
     (node / "pause.tar").write_bytes(oci_archive(PAUSE_IMAGE, _pause(node / "certs")))
     (node / "node.env").write_text(
         node_env(

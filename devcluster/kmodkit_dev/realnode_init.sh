@@ -21,6 +21,11 @@ echo "node init: $(date -u +%T) kernel $(uname -r)"
 mount -t tmpfs -o size=3g,mode=0755 tmpfs /var
 mkdir -p /var/lib/containerd /var/lib/kubelet /var/lib/cni /var/log/pods /var/tmp
 ln -s /run /var/run
+# The kernel resolves firmware paths in the VM's own root (the initramfs, which the
+# node sees at /run/kmodkit-test/node), so the node's /var/lib/firmware is that
+# root's: the search path the agent sets names the files it placed, as on any host.
+mkdir -p /run/kmodkit-test/node/var/lib/firmware /var/lib/firmware
+mount --bind /run/kmodkit-test/node/var/lib/firmware /var/lib/firmware
 # /tmp stays this machine's (read-only: the node's directory may be under it).
 export TMPDIR=/var/tmp
 # The modules of the kernel this VM booted (this machine has the directory, from

@@ -2,7 +2,7 @@
 kmodkit_dev.realnode) and the registry that node pulls from, once per session.
 
 This ``dev_cluster`` replaces the session cluster of tests/conftest.py for the
-tests in this directory, and so do ``kube_api`` and ``namespace``: pytest keeps a
+tests in this directory, and so do ``kube_api``, ``kubeconfig`` and ``namespace``: pytest keeps a
 session fixture's value once made, so tests/conftest.py's ``kube_api``, made
 earlier in a whole run for the kwok cluster, would stay bound to that cluster.
 Two kwok nodes run beside the real node, as in every devcluster.
@@ -46,6 +46,11 @@ def dev_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
 @pytest.fixture(scope="session")
 def kube_api(dev_cluster: devcluster.Cluster) -> Any:
     return devcluster.api_client(dev_cluster)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(dev_cluster: devcluster.Cluster) -> str:
+    return str(dev_cluster.kubeconfig)
 
 
 @pytest.fixture
