@@ -9,6 +9,7 @@ lands it must return the resourceVersion the state write is then guarded by.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -43,11 +44,14 @@ def test_a_marker_write_proves_the_view_even_when_it_changes_nothing(
     kube_api: Any, node: str
 ) -> None:
     core = client.CoreV1Api(kube_api)
-    observed = _resource_version(core, node)
-    written = apply.patch_node(core, node, apply.patch_body(MARKER, observed))
-    if written is None:  # the controller-manager touched the new node first; read again
+    # The controller-manager touches a new node several times (taints, lifecycle):
+    # a write it overtakes is refused, rightly; read again and retry.
+    for _ in range(20):
         observed = _resource_version(core, node)
         written = apply.patch_node(core, node, apply.patch_body(MARKER, observed))
+        if written is not None:
+            break
+        time.sleep(0.1)
     assert written and written != observed, "a marker write that changes the node is stored"
 
     # The marker is there now: writing it again, from a view older than the node, is refused.
@@ -55,9 +59,10 @@ def test_a_marker_write_proves_the_view_even_when_it_changes_nothing(
 
     # From a current view the same write lands without being stored, and returns the
     # resourceVersion the view was at (the one the state write is guarded by next).
-    for _ in range(5):  # another component may change the node between the read and the write
+    for _ in range(20):  # another component may change the node between the read and the write
         current = _resource_version(core, node)
         again = apply.patch_node(core, node, apply.patch_body(MARKER, current))
         if again is not None:
             break
+        time.sleep(0.1)
     assert again == current, "an unchanged marker write must not bump the resourceVersion"
