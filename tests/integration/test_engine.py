@@ -645,6 +645,10 @@ def test_a_failed_unload_keeps_the_finalizer_and_names_the_holder(
             refused = [e for e in _events(kube_api, ns, about) if e.reason == "UnloadFailed"]
             assert [(e.type, e.count) for e in refused] == [("Warning", 1)], refused
             assert "pid 4242" in refused[0].message
+        # The status says it too, not what the last pass before the deletion saw.
+        (failure,) = _status(kube_api, namespace, "uf")["nodeFailures"]
+        assert failure["node"] == node and failure["reason"] == "UnloadFailed"
+        assert "pid 4242" in failure["message"]
 
         core.patch_namespaced_pod_status(unloader, namespace, {"status": {"phase": "Succeeded"}})
         # A finished pod is deleted at once, with no kubelet to wait for.

@@ -566,6 +566,9 @@ class ModuleController:
         )
         self._report_decisions(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
+        # The passes stop with the deletion: without this the status would go on saying
+        # what the last one saw (all loaded) while an unload is refused.
+        self._write_status(body, module_status(body, removal, apply_failures=failures))
         if pods:
             unseen = sorted({p.node for p in pods if p.node not in seen})
             held = [f"{o.node} ({o.message})" for o in removal.outcomes]
