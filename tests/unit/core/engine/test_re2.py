@@ -1,4 +1,4 @@
-"""Kernel-mapping regexps: RE2 only, unanchored, bounded in time."""
+"""Kernel-mapping regexps: RE2 only, unanchored, linear in time."""
 
 from __future__ import annotations
 
@@ -75,9 +75,11 @@ def test_non_re2_constructs_are_refused(pattern: str, complaint: str) -> None:
     assert complaint in str(err.value)
 
 
-def test_catastrophic_backtracking_times_out_with_advice() -> None:
-    with pytest.raises(RegexpError, match="took longer than"):
-        re2_search(r"^(a|aa)+$", "a" * 40 + "!")
+def test_a_pattern_that_backtracks_elsewhere_matches_in_linear_time() -> None:
+    # A backtracking engine takes about 2**n steps here (never ending at this length);
+    # RE2 answers at once, so matching needs no clock that a loaded machine could trip.
+    assert re2_search(r"^(a|aa)+$", "a" * 100_000 + "!") is False
+    assert re2_search(r"^(a|aa)+$", "a" * 100_000) is True
 
 
 _regexp_text = st.lists(
