@@ -10,6 +10,7 @@ with its metrics served, where the write pool's high-water mark
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 import uuid
@@ -158,7 +159,7 @@ def test_a_pass_over_200_nodes_writes_in_parallel_within_the_bound(
     fleet: str,
     tmp_path: Path,
 ) -> None:
-    op, port, _user = _operator(
+    op, port, user = _operator(
         dev_cluster,
         kube_api,
         namespace,
@@ -172,6 +173,11 @@ def test_a_pass_over_200_nodes_writes_in_parallel_within_the_bound(
         peak = _metric(port, "kmodkit_api_writes_in_flight_max")
         assert 1 < peak <= IN_FLIGHT
         _no_write_failed(kube_api, namespace, op)
+        # One create per loader pod and one label write per node: no pass sent again
+        # what an earlier one wrote before the watch had shown it (the apiserver's count).
+        creates = _audited(dev_cluster, user, "create", "pods")
+        assert [r["responseStatus"]["code"] for r in creates] == [201] * NODES
+        assert len(_audited(dev_cluster, user, "patch", "nodes")) == NODES
     finally:
         op.stop()
 
@@ -228,6 +234,22 @@ def tiny_priority_level(namespace: str, kube_api: Any) -> Iterator[None]:
     yield
     flow.delete_flow_schema(name)
     flow.delete_priority_level_configuration(name)
+
+
+def _audited(
+    dev_cluster: devcluster.Cluster, user: str, verb: str, resource: str
+) -> list[dict[str, Any]]:
+    """The audit log's records of ``user``'s ``verb`` requests on ``resource``."""
+    log = Path(dev_cluster.log("audit")).read_text(errors="replace")
+    records = [json.loads(line) for line in log.splitlines() if f'"username":"{user}"' in line]
+    return [
+        r
+        for r in records
+        if r.get("stage") == "ResponseComplete"
+        and r.get("verb") == verb
+        and (r.get("objectRef") or {}).get("resource") == resource
+        and not (r.get("objectRef") or {}).get("subresource")
+    ]
 
 
 def _audited_429s(dev_cluster: devcluster.Cluster, user: str) -> int:

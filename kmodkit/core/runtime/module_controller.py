@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,7 @@ from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
+from kmodkit.core.runtime.unseen_writes import UnseenWrites
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, Shared
 from kmodkit.core.runtime.writes import Write, WritePool
 
@@ -139,6 +140,8 @@ class ModuleController:
         self.build_jobs: OwnedIndex[tuple[str, str], BuildJob] = OwnedIndex()
         self.device_plugins: OwnedIndex[tuple[str, str], DaemonSetView] = OwnedIndex()
         self.plugin_pods: OwnedIndex[tuple[str, str], tuple[str, bool]] = OwnedIndex()
+        # (namespace, module) -> its writes that landed but the caches do not show yet.
+        self.unseen: dict[tuple[str, str], UnseenWrites] = {}
 
     @property
     def nodes(self) -> dict[str, NodeView]:
@@ -224,6 +227,7 @@ class ModuleController:
                 )
             finally:
                 metrics.forget(PLURAL, f"{namespace}/{name}")
+                self.unseen.pop(key, None)
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
         def module_deleted(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
@@ -245,12 +249,13 @@ class ModuleController:
         if not self.shared.nodes_synced:
             return CACHE_WAIT_SECONDS
         nodes = list(self.nodes.values())  # the watch updates the cache from another thread
+        unseen = self._unseen(ns, name, pods)
         try:
             module = Module.model_validate(body)
         except ValidationError as err:
             # Nothing can be planned, but the labels still follow the pods.
             follow = LoaderPlan(node_labels=labels_follow_pods(ns, name, nodes, pods))
-            self._label_nodes(follow.node_labels, body)
+            self._label_nodes(follow.node_labels, body, unseen)
             self._write_status(body, module_status(body, follow, invalid=str(err)))
             return None
         first = plan(module, nodes, pods, {}, self.settings.loader)
@@ -325,9 +330,11 @@ class ModuleController:
             for job_name, reported in builds.reported.items()
             if job_name not in unposted
         )
-        failures += self._apply_pods(final, owner, ns)
+        failures += self._apply_pods(final, owner, ns, unseen)
         failures += self._label_nodes(
-            _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []), body
+            _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
+            body,
+            unseen,
         )
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
         failures += self._apply_device_plugin(plugin, owner, ns)
@@ -350,6 +357,7 @@ class ModuleController:
                 self.settings.recheck_seconds if waiting else None,
                 CONSUMER_RECHECK_SECONDS if held else None,
                 RETRY_FAILED_SECONDS if failures else None,
+                unseen.next_due(),
             )
             if t
         ]
@@ -398,20 +406,24 @@ class ModuleController:
         # still resolve, private ones say they need credentials.
         return PullSecret() if data is None else read_pull_secret(f"{ns}/{ref.name}", data)
 
-    def _apply_pods(self, final: LoaderPlan, owner: Mapping[str, Any], ns: str) -> list[str]:
+    def _apply_pods(
+        self, final: LoaderPlan, owner: Mapping[str, Any], ns: str, unseen: UnseenWrites
+    ) -> list[str]:
         """Create, then delete; a refused call is one failure (returned, with the API's
         message), and the rest of the pass goes on."""
         # Creations first, all of them, then deletions: a pod is deleted only once the
         # pod that takes over its record (a successor, an unloader) exists.
-        for pod in final.create:
+        create = [p for p in final.create if not unseen.unseen(_pod_write(p["metadata"]["name"]))]
+        for pod in create:
             pod["metadata"]["ownerReferences"] = [owner]
         made = self.writes.run(
             Write(f"creating Pod {ns}/{pod['metadata']['name']}", _bind(self.kube.create, pod))
-            for pod in final.create
+            for pod in create
         )
-        refused = {
-            pod["spec"]["nodeName"] for pod, said in zip(final.create, made, strict=True) if said
-        }
+        refused = {pod["spec"]["nodeName"] for pod, said in zip(create, made, strict=True) if said}
+        for pod, said in zip(create, made, strict=True):
+            if said is None:
+                unseen.landed(_pod_write(pod["metadata"]["name"]))
         failures = [said for said in made if said is not None]
         failures += self.writes.failures(
             Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
@@ -474,7 +486,10 @@ class ModuleController:
         self.kube.events.post(ref, reason, message, warning=warning, repeat_after=again)
 
     def _label_nodes(
-        self, changes: Mapping[str, Mapping[str, str | None]], body: Mapping[str, Any]
+        self,
+        changes: Mapping[str, Mapping[str, str | None]],
+        body: Mapping[str, Any],
+        unseen: UnseenWrites,
     ) -> list[str]:
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
@@ -497,14 +512,35 @@ class ModuleController:
         # side by side, a node leaving could land first and, for a moment, more nodes than
         # the budget allows would be unready at once.
         first, then = readiness_first(changes)
-        return [
-            failure
-            for batch in (first, then)
-            for failure in self.writes.failures(
-                Write(f"labelling Node {node}", _bind(label, node, batch[node]))
-                for node in sorted(batch)
+        failures = []
+        for batch in (first, then):
+            due = [n for n in sorted(batch) if not unseen.unseen(_label_write(n, batch[n]))]
+            made = self.writes.run(
+                Write(f"labelling Node {node}", _bind(label, node, batch[node])) for node in due
             )
-        ]
+            for node, said in zip(due, made, strict=True):
+                if said is None:
+                    unseen.landed(_label_write(node, batch[node]))
+                else:
+                    failures.append(said)
+        return failures
+
+    def _unseen(self, ns: str, name: str, pods: Iterable[LoaderPod]) -> UnseenWrites:
+        """The Module's landed writes the caches do not show yet, those they show forgotten."""
+        names = {p.name for p in pods}
+        unseen = self.unseen.setdefault((ns, name), UnseenWrites())
+
+        def seen(write: Hashable) -> bool:
+            match write:
+                case ("pod", pod):
+                    return pod in names
+                case ("labels", str(node), tuple(change)):
+                    view = self.nodes.get(node)
+                    return view is None or all(view.labels.get(k) == v for k, v in change)
+            return True
+
+        unseen.forget_seen(seen)
+        return unseen
 
     def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
         """``namespace/name`` of the pods on ``node`` that run only while it carries one of
@@ -560,9 +596,10 @@ class ModuleController:
             consumers = {n: self._gated_pods(n, ns, name) for n in removal.awaiting_consumers}
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
-        failures = self._apply_pods(removal, owner, ns)
+        unseen = self._unseen(ns, name, pods)
+        failures = self._apply_pods(removal, owner, ns, unseen)
         failures += self._label_nodes(
-            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body
+            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body, unseen
         )
         self._report_decisions(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
@@ -570,17 +607,26 @@ class ModuleController:
         # what the last one saw (all loaded) while an unload is refused.
         self._write_status(body, module_status(body, removal, apply_failures=failures))
         if pods:
-            unseen = sorted({p.node for p in pods if p.node not in seen})
+            not_seen = sorted({p.node for p in pods if p.node not in seen})
             held = [f"{o.node} ({o.message})" for o in removal.outcomes]
-            waiting = [*(f"{n} (node not seen yet)" for n in unseen), *held]
+            waiting = [*(f"{n} (node not seen yet)" for n in not_seen), *held]
             detail = f"; still held on {', '.join(waiting[:5])}" if waiting else ""
             raise kopf.TemporaryError(
                 f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
+        self.unseen.pop((ns, name), None)
 
 
 def _bind(call: Callable[..., object], *args: object) -> Callable[[], object]:
     return functools.partial(call, *args)
+
+
+def _pod_write(name: str) -> tuple[str, str]:
+    return ("pod", name)
+
+
+def _label_write(node: str, change: Mapping[str, str | None]) -> tuple[str, str, tuple[Any, ...]]:
+    return ("labels", node, tuple(sorted(change.items())))
 
 
 def _module_ref(body: Mapping[str, Any]) -> dict[str, Any]:

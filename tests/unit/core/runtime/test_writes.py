@@ -19,6 +19,7 @@ from kmodkit.core.engine.loader_plan import LoaderPlan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
+from kmodkit.core.runtime.unseen_writes import UnseenWrites
 from kmodkit.core.runtime.watch_cache import Shared
 from kmodkit.core.runtime.writes import (
     THROTTLED,
@@ -249,7 +250,7 @@ def test_each_successor_pod_exists_before_its_predecessor_is_deleted() -> None:
         create=[{"metadata": {"name": f"new-{n}"}, "spec": {"nodeName": n}} for n in nodes],
         deletes_by_node={n: [f"old-{n}"] for n in nodes},
     )
-    failures = controller._apply_pods(final, {"kind": "Module"}, "ns")
+    failures = controller._apply_pods(final, {"kind": "Module"}, "ns", UnseenWrites())
     assert failures == ["creating Pod ns/new-n7: Forbidden"]
     assert kube.order_broken == []
     # The node whose successor was refused keeps its pod; every other is swapped.
@@ -288,6 +289,6 @@ def test_nodes_gaining_readiness_are_labelled_before_any_node_loses_it() -> None
     # Sorted by name the losing nodes would come first.
     changes = {n: {key: ""} for n in gaining} | {f"0-{i}": {key: None} for i in range(20)}
     body = {"metadata": {"namespace": "ns", "name": "m"}}
-    assert controller._label_nodes(changes, body) == []
+    assert controller._label_nodes(changes, body, UnseenWrites()) == []
     assert kube.early == []
     assert kube.waiting == set()
