@@ -15,6 +15,8 @@ BUSYBOX = "test/busybox"
 KMOD = "test/kmod"
 KUBECTL = "test/kubectl"
 TAG = "1"
+# The Secret holding the node registry's login, in each test's namespace.
+PULL_SECRET = "node-registry"
 # The test module's firmware, as the kernel tier ships it (any content loads).
 FIRMWARE = b"kmodkit test firmware\n"
 

@@ -13,14 +13,13 @@ import pytest
 from kubernetes import client
 
 from kmodkit_dev import realnode
-from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.realnode import images
 
 # Bounds for a VM under software emulation on 2 shared cores.
 pytestmark = pytest.mark.timeout(900)
 POD_TIMEOUT = 180.0
-SECRET = "node-registry"
+SECRET = images.PULL_SECRET
 
 
 def core(kube_api: Any) -> Any:
@@ -53,21 +52,6 @@ def pod(
     if pull_secret:
         spec["imagePullSecrets"] = [{"name": SECRET}]
     return {"metadata": {"name": name}, "spec": spec}
-
-
-@pytest.fixture
-def ns(namespace: str, kube_api: Any, node_registry: Registry) -> str:
-    api = core(kube_api)
-    # The ServiceAccount admission refuses pods until the namespace's default account exists.
-    wait_until(
-        lambda: any(
-            a.metadata.name == "default"
-            for a in api.list_namespaced_service_account(namespace).items
-        ),
-        "the default service account",
-    )
-    api.create_namespaced_secret(namespace, node_registry.pull_secret(SECRET))
-    return namespace
 
 
 def read(kube_api: Any, ns: str, name: str) -> Any:
