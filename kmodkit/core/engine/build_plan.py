@@ -76,7 +76,8 @@ class BuildSettings:
     """The image that runs ``kmodkit-sign`` in sign Jobs."""
     registry_ca_config_map: str = ""
     """A ConfigMap in the Module's namespace whose ``registry_ca_key`` holds CA
-    certificates the build trusts for its registries besides the system's (empty: none)."""
+    certificates build and sign Jobs trust for their registries besides the system's
+    (empty: none)."""
     registry_ca_key: str = "ca.crt"
 
 
@@ -506,6 +507,7 @@ WORKSPACE = "/workspace"
 HOST_MODULES = "/host/lib/modules"
 AUTH_DIR = "/run/kmodkit/registry-auth"
 CA_DIR = "/etc/kmodkit/registry-ca"
+CA_MOUNT = {"name": "registry-ca", "mountPath": CA_DIR, "readOnly": True}
 STORAGE_DIR = "/var/lib/containers"
 BUILDER_CAPABILITIES = (
     # buildah's default capabilities for RUN steps (Docker's build set): a
@@ -587,21 +589,23 @@ def _builder(
         )
         args.append(f"--authfile={AUTH_DIR}/config.json")
     if settings.registry_ca_config_map:
-        # Optional: without it the build fails at the registry with buildah's
-        # certificate error, in the Job's status, instead of waiting on the volume.
-        mounts.append({"name": "registry-ca", "mountPath": CA_DIR, "readOnly": True})
-        volumes.append(
-            {
-                "name": "registry-ca",
-                "configMap": {
-                    "name": settings.registry_ca_config_map,
-                    "items": [{"key": settings.registry_ca_key, "path": "ca.crt"}],
-                    "optional": True,
-                },
-            }
-        )
+        mounts.append(dict(CA_MOUNT))
+        volumes.append(_registry_ca_volume(settings))
         args.append(f"--cert-dir={CA_DIR}")
     return args, mounts, volumes
+
+
+def _registry_ca_volume(settings: BuildSettings) -> dict[str, Any]:
+    # Optional: without it the Job fails at the registry with a certificate error, in
+    # its status, instead of waiting on the volume.
+    return {
+        "name": "registry-ca",
+        "configMap": {
+            "name": settings.registry_ca_config_map,
+            "items": [{"key": settings.registry_ca_key, "path": "ca.crt"}],
+            "optional": True,
+        },
+    }
 
 
 def builder_image(configured: str, build: Build | None) -> str:
@@ -696,6 +700,12 @@ def sign_job_for(
     image's architecture, as the signer's unprivileged user.
     """
     container = sign_job.signer_container(module, image, resolved, settings.signer_image, arch)
+    volumes = sign_job.signer_volumes(module, resolved)
+    if settings.registry_ca_config_map:
+        # The registry the build pushed to, trusted the same way.
+        container["volumeMounts"].append(dict(CA_MOUNT))
+        container["args"].append(f"--registry-ca={CA_DIR}/ca.crt")
+        volumes.append(_registry_ca_volume(settings))
     pod = {
         "nodeSelector": {"kubernetes.io/arch": arch},
         "securityContext": {
@@ -704,7 +714,7 @@ def sign_job_for(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": sign_job.signer_volumes(module, resolved),
+        "volumes": volumes,
     }
     return _image_job(module, image, resolved, SIGN, attempt, settings, inputs, retry, pod)
 

@@ -80,6 +80,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Pull without checking the certificate.",
     )
+    p.add_argument(
+        "--registry-ca",
+        type=Path,
+        help="A CA bundle to trust besides the system's (a private registry's); an absent "
+        "file is skipped, as an optional ConfigMap volume that was not made. Default: "
+        "KMODKIT_REGISTRY_CA.",
+    )
     p.add_argument("--platform", default="linux/amd64", help="The platform to pick from an index.")
     p.add_argument("--hash-algo", default="sha256", help="The signature's hash algorithm.")
     p.add_argument("--sign-file", help="sign-file to run (default: found on PATH or in Debian's).")
@@ -101,8 +108,14 @@ def request_from(args: argparse.Namespace) -> Request:
         platform=args.platform,
         hash_algorithm=args.hash_algo,
         sign_file=args.sign_file,
-        ca_bundle=os.environ.get("KMODKIT_REGISTRY_CA") or None,
+        ca_bundle=_registry_ca(args.registry_ca),
     )
+
+
+def _registry_ca(given: Path | None) -> str | None:
+    if given is not None:
+        return str(given) if given.is_file() else None
+    return os.environ.get("KMODKIT_REGISTRY_CA") or None
 
 
 def run(argv: Sequence[str], stdout: TextIO) -> int:

@@ -135,7 +135,7 @@ def _registry(
         context = ssl_context(tls, request.ca_bundle)
     except (OSError, ValueError) as e:
         raise SignerError(
-            f"cannot load the registry CA bundle {request.ca_bundle} (KMODKIT_REGISTRY_CA): "
+            f"cannot load the registry CA bundle {request.ca_bundle}: "
             f"{getattr(e, 'strerror', None) or type(e).__name__}"
         ) from None
     login: Credentials | None = logins.credentials_for(ref.registry)
@@ -293,4 +293,5 @@ def log_fields(request: Request) -> dict[str, Any]:
         "image": request.image,
         "files": list(request.files),
         "platform": request.platform,
+        "registry_ca": request.ca_bundle or "the system's only",
     }

@@ -79,7 +79,12 @@ def resolved(m: Module) -> ResolvedMapping:
     return found
 
 
-def builds(m: Module, existence: dict[str, Answer], jobs: list[BuildJob] = []) -> BuildPlan:  # noqa: B006
+def builds(
+    m: Module,
+    existence: dict[str, Answer],
+    jobs: list[BuildJob] = [],  # noqa: B006
+    settings: BuildSettings = SETTINGS,
+) -> BuildPlan:
     first = plan(m, NODES, [], {}, LOADER)
     return plan_builds(
         m,
@@ -89,7 +94,7 @@ def builds(m: Module, existence: dict[str, Answer], jobs: list[BuildJob] = []) -
         existence,
         jobs,
         {"df": "FROM scratch\n"}.get,
-        SETTINGS,
+        settings,
         1000.0,
     )
 
@@ -200,6 +205,28 @@ def test_registry_tls_goes_to_the_push_and_unsigned_image_tls_to_the_pull() -> N
     (job,) = builds(m, {IMAGE: MISSING, UNSIGNED: EXISTS}).create
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-2:] == ["--insecure", "--skip-tls-verify-pull"]
+
+
+def test_the_registry_ca_setting_is_trusted_by_the_signer_as_by_the_builder() -> None:
+    m = module(sign=sign(unsignedImage="r.io/xe-unsigned:${KERNEL_FULL_VERSION}"))
+    settings = replace(SETTINGS, registry_ca_config_map="registry-ca", registry_ca_key="bundle")
+    (job,) = builds(m, {IMAGE: MISSING, UNSIGNED: EXISTS}, settings=settings).create
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--registry-ca=/etc/kmodkit/registry-ca/ca.crt" in container["args"]
+    assert {
+        "name": "registry-ca",
+        "configMap": {
+            "name": "registry-ca",
+            "items": [{"key": "bundle", "path": "ca.crt"}],
+            "optional": True,
+        },
+    } in pod["volumes"]
+    assert {
+        "name": "registry-ca",
+        "mountPath": "/etc/kmodkit/registry-ca",
+        "readOnly": True,
+    } in container["volumeMounts"]
 
 
 def test_with_a_build_the_unsigned_image_is_built_first_and_never_under_the_final_name() -> None:

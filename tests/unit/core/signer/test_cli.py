@@ -101,3 +101,16 @@ def test_the_start_line_names_the_request(files: dict[str, Path], tmp_path: Path
     assert code == 2
     assert [line["event"] for line in lines] == ["start", "error"]
     assert lines[0]["files"] == ["/opt/lib/modules/6.1.0/extra/x.ko"]
+
+
+def test_a_registry_ca_is_trusted_when_present_and_skipped_when_absent(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KMODKIT_REGISTRY_CA", raising=False)
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(SELF_SIGNED)
+    _, lines = _run(files, registry_ca=str(ca), unsigned_image="bad image")
+    assert lines[0]["registry_ca"] == str(ca)
+    # An optional ConfigMap that was not made mounts an empty directory.
+    _, lines = _run(files, registry_ca=str(tmp_path / "absent.crt"), unsigned_image="bad image")
+    assert lines[0]["registry_ca"] == "the system's only"
