@@ -1,0 +1,305 @@
+"""A Module on the real node, end to end, with the product's own parts only: the operator
+(``kmodkit run``), its agent and builder images (built here from Debian's archive,
+kmodkit_dev.images) and the node's kubelet and containerd in the VM.
+
+The build Job compiles the kernel tier's test pair (tests/kernel/testmod) against the
+headers of the node's kernel from the user's Dockerfile (tests/realnode/kmod-build),
+pushes the module image with the Module's pull secret; the loader pod pulls it, the
+agent loads the pair in modulesLoadingOrder with its firmware into the VM's kernel,
+its readiness probe passes and the operator labels the node. Nothing here writes a
+label, a status or an image the product's own pods write: the test only reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kmodkit.core import labels
+from kmodkit_dev import cluster as devcluster
+from kmodkit_dev import images as product_images
+from kmodkit_dev import realnode
+from kmodkit_dev.operator import Operator, running_operator
+from kmodkit_dev.registry import Registry
+from kmodkit_dev.waiting import wait_until
+from tests.integration.crds_util import install
+from tests.realnode import images
+from tests.realnode.test_node import core, pod, read, wait_phase
+
+pytestmark = pytest.mark.timeout(2400)
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_BASE = ROOT / "tests" / "realnode" / "kmod-build"
+GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
+SECRET = images.PULL_SECRET
+NAME = "testmod"
+# A build under software emulation: the builder's and the build base's pulls, a kernel
+# module compiled by gcc on one emulated CPU, the push.
+BUILD_TIMEOUT = 1500.0
+STEP_TIMEOUT = 600.0
+
+
+@pytest.fixture(scope="module")
+def kernel(kube_api: Any, real_node: realnode.RealNode) -> str:
+    return str(core(kube_api).read_node(real_node.name).status.node_info.kernel_version)
+
+
+@pytest.fixture(scope="module")
+def destination(node_registry: Registry) -> Iterator[product_images.Destination]:
+    with product_images.login_file(
+        node_registry.host, node_registry.username, node_registry.password
+    ) as authfile:
+        yield product_images.Destination(node_registry.host, node_registry.ca, authfile)
+
+
+@pytest.fixture(scope="module")
+def product(destination: product_images.Destination) -> dict[str, str]:
+    return product_images.build_images(["agent", "builder"], destination)
+
+
+@pytest.fixture(scope="module")
+def build_base(kernel: str, destination: product_images.Destination) -> str:
+    """The user's builder base: a compiler and the node kernel's headers."""
+    built = product_images.build_image(
+        BUILD_BASE / "Dockerfile", ROOT, {"KERNEL_VERSION": kernel}, "kmodkit-test/kmod-build"
+    )
+    return product_images.push(built, f"{destination.host}/base/kmod-build:{kernel}", destination)
+
+
+@pytest.fixture
+def operator(
+    kubeconfig: str,
+    kube_api: Any,
+    product: dict[str, str],
+    dev_cluster: devcluster.Cluster,
+    tmp_path: Path,
+) -> Iterator[Operator]:
+    install(kube_api)
+    with running_operator(
+        kubeconfig,
+        tmp_path / "operator.log",
+        KMODKIT_AGENT_IMAGE=product["agent"],
+        KMODKIT_BUILDER_IMAGE=product["builder"],
+        KMODKIT_REGISTRY_CA=str(dev_cluster.pki / "ca.crt"),
+        KMODKIT_BUILD_REGISTRY_CA_CONFIGMAP="registry-ca",
+        KMODKIT_IMAGE_RECHECK_SECONDS="10",
+    ) as op:
+        yield op
+
+
+@pytest.fixture
+def module_ns(ns: str, kube_api: Any, dev_cluster: devcluster.Cluster) -> str:
+    """``ns`` with the user's Dockerfile and the registry's CA, for the build Job."""
+    api = core(kube_api)
+    api.create_namespaced_config_map(
+        ns,
+        {
+            "metadata": {"name": "registry-ca"},
+            "data": {"ca.crt": (dev_cluster.pki / "ca.crt").read_text()},
+        },
+    )
+    api.create_namespaced_config_map(
+        ns,
+        {
+            "metadata": {"name": "testmod-dockerfile"},
+            "data": {"dockerfile": (BUILD_BASE / "module.Dockerfile").read_text()},
+        },
+    )
+    return ns
+
+
+def module(registry: str, build_base: str, run_base: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Module",
+        "metadata": {"name": NAME},
+        "spec": {
+            "selector": {realnode.NODE_LABEL: "true"},
+            "imageRepoSecret": {"name": SECRET},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {
+                        "moduleName": "kmodkit_test_dev",
+                        "modulesLoadingOrder": ["kmodkit_test_dev", "kmodkit_test_dep"],
+                        "firmwarePath": "/firmware",
+                    },
+                    "devicePaths": ["/dev/kmodkit_test"],
+                    "kernelMappings": [
+                        {
+                            "regexp": r"^.+-amd64$",
+                            "containerImage": f"{registry}/kmods/kmodkit-test:"
+                            "${KERNEL_FULL_VERSION}",
+                            "build": {
+                                "dockerfileConfigMap": {"name": "testmod-dockerfile"},
+                                "buildArgs": [
+                                    {"name": "BUILD_BASE", "value": build_base},
+                                    {"name": "RUN_BASE", "value": run_base},
+                                ],
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def custom(kube_api: Any) -> Any:
+    return client.CustomObjectsApi(kube_api)
+
+
+def node_labels(kube_api: Any, name: str) -> dict[str, str]:
+    return dict(core(kube_api).read_node(name).metadata.labels or {})
+
+
+def failures(kube_api: Any, ns: str) -> list[dict[str, Any]]:
+    obj = custom(kube_api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, NAME)
+    return list((obj.get("status") or {}).get("nodeFailures") or [])
+
+
+def module_gone(kube_api: Any, ns: str) -> bool:
+    try:
+        custom(kube_api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, NAME)
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+def pods_of(kube_api: Any, ns: str, component: str) -> list[Any]:
+    return list(
+        core(kube_api)
+        .list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/component={component}")
+        .items
+    )
+
+
+def termination_messages(kube_api: Any, ns: str) -> list[str]:
+    """Each ended container's own account of why (the builder's and the agent's)."""
+    return [
+        f"{p.metadata.name}/{c.name}: {t.message or t.reason}"
+        for p in core(kube_api).list_namespaced_pod(ns).items
+        for c in p.status.container_statuses or []
+        if (t := c.state.terminated or (c.last_state and c.last_state.terminated))
+    ]
+
+
+def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
+    kube_api: Any,
+    module_ns: str,
+    operator: Operator,
+    real_node: realnode.RealNode,
+    node_registry: Registry,
+    build_base: str,
+    image_refs: dict[str, str],
+    kernel: str,
+) -> None:
+    ns = module_ns
+    custom(kube_api).create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        ns,
+        PLURAL,
+        module(node_registry.host, build_base, image_refs[images.BUSYBOX]),
+    )
+    ready = labels.READY.key(ns, NAME)
+    batch = client.BatchV1Api(kube_api)
+
+    # 1. The build Job runs on the real node (the one node of that kernel) and succeeds.
+    def build_done() -> Any:
+        jobs = batch.list_namespaced_job(ns).items
+        failed = [j for j in jobs if j.status.failed]
+        assert not failed, f"build failed: {termination_messages(kube_api, ns)}"
+        return next((j for j in jobs if j.status.succeeded), None)
+
+    job = wait_until(build_done, "the build Job", timeout=BUILD_TIMEOUT, interval=5)
+    (build_pod,) = (
+        core(kube_api).list_namespaced_pod(ns, label_selector=f"job-name={job.metadata.name}").items
+    )
+    assert build_pod.spec.node_name == real_node.name
+
+    # 2. The loader pod pulls the pushed image and the agent loads the pair; its
+    # readiness probe passes and the operator labels the node.
+    wait_until(
+        lambda: ready in node_labels(kube_api, real_node.name),
+        f"the ready label {ready}",
+        timeout=STEP_TIMEOUT,
+        interval=2,
+    )
+    (loader,) = [p for p in pods_of(kube_api, ns, "module-loader") if p.spec.node_name]
+    assert loader.spec.node_name == real_node.name
+    assert all(s.ready for s in loader.status.container_statuses)
+    assert (
+        loader.spec.init_containers[0].image == f"{node_registry.host}/kmods/kmodkit-test:{kernel}"
+    )
+
+    # 3. A pod gated on the label runs there and sees the pair loaded, dep used by dev,
+    # and the firmware the agent placed read by the module at init.
+    gated = pod(
+        "gated",
+        image_refs[images.BUSYBOX],
+        "{ grep '^kmodkit_test' /proc/modules | cut -d' ' -f1,4 | sort; "
+        "cat /sys/module/kmodkit_test_dev/parameters/firmware_size; } > /dev/termination-log",
+    )
+    gated["spec"]["nodeSelector"] = {ready: ""}
+    core(kube_api).create_namespaced_pod(ns, gated)
+    done = wait_phase(kube_api, ns, "gated", "Succeeded", "Failed")
+    assert done.spec.node_name == real_node.name
+    message = done.status.container_statuses[0].state.terminated.message
+    assert message.splitlines() == [
+        "kmodkit_test_dep kmodkit_test_dev,",
+        "kmodkit_test_dev -",
+        str(len(images.FIRMWARE)),
+    ], message
+
+    # 4. A process holding the device: deleting the Module does not unload; the status
+    # and a Warning Event on the node name the holder, and the finalizer keeps the Module.
+    holder = pod(
+        "holder",
+        image_refs[images.BUSYBOX],
+        "exec 3</dev/kmodkit_test; echo held > /dev/termination-log; exec sleep 3600",
+        restart="Always",
+        terminationGracePeriodSeconds=1,
+        container={"securityContext": {"privileged": True}},
+    )
+    core(kube_api).create_namespaced_pod(ns, holder)
+    wait_phase(kube_api, ns, "holder", "Running")
+    custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, NAME)
+    refused = wait_until(
+        lambda: next(
+            (f for f in failures(kube_api, ns) if "refusing to unload" in f["message"]), None
+        ),
+        "the unload refused, in status",
+        timeout=STEP_TIMEOUT,
+        interval=2,
+    )
+    assert refused["node"] == real_node.name and refused["reason"] == "UnloadFailed"
+    assert "(sleep) on /dev/kmodkit_test" in refused["message"], refused
+    told = core(kube_api).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={real_node.name}"
+    )
+    assert any(
+        e.reason == "UnloadFailed" and "(sleep) on /dev/kmodkit_test" in e.message
+        for e in told.items
+    ), [e.message for e in told.items]
+    assert not module_gone(kube_api, ns)
+    gated_again = read(kube_api, ns, "holder")
+    assert gated_again.status.phase == "Running"
+
+    # 5. With the holder gone the unload goes through; the finalizer goes only then.
+    core(kube_api).delete_namespaced_pod("holder", ns)
+    wait_until(
+        lambda: module_gone(kube_api, ns), "the Module's deletion", timeout=STEP_TIMEOUT, interval=2
+    )
+    assert ready not in node_labels(kube_api, real_node.name)
+    check = pod(
+        "check",
+        image_refs[images.BUSYBOX],
+        "grep -c '^kmodkit_test' /proc/modules > /dev/termination-log || true",
+    )
+    core(kube_api).create_namespaced_pod(ns, check)
+    after = wait_phase(kube_api, ns, "check", "Succeeded", "Failed")
+    assert after.status.container_statuses[0].state.terminated.message.strip() == "0"
