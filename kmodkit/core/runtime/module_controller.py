@@ -505,8 +505,9 @@ class ModuleController:
             loaded = change[ready_key] is not None
             reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
             done = "loaded into" if loaded else "unloaded from"
+            # On the node only, as KMM: the Module's status counts the nodes, and one Event
+            # per node on the Module would be a second write per node for a whole fleet.
             self.kube.events.post(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
-            self.kube.events.post(_module_ref(body), reason, f"{done} the kernel of node {node}")
 
         # Nodes that become ready are labelled before any node stops being ready: written
         # side by side, a node leaving could land first and, for a moment, more nodes than
