@@ -100,3 +100,20 @@ def running_operator(
         yield op
     finally:
         op.stop()
+
+
+def token_kubeconfig(admin: Path, namespace: str, account: str, kube_api: Any, out: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``account`` with a TokenRequest
+    token, nothing else: the operator as a Deployment runs, and as the audit log names it."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(kube_api)
+    request = core.create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    cfg = json.loads(admin.read_text())
+    cfg["users"] = [{"name": account, "user": {"token": request.status.token}}]
+    cfg["contexts"][0]["context"]["user"] = account
+    out.write_text(json.dumps(cfg))
+    out.chmod(0o600)
+    return out

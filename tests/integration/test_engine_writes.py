@@ -24,11 +24,10 @@ from kubernetes import client
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import procs
 from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, launch
+from kmodkit_dev.operator import Operator, launch, token_kubeconfig
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.integration.test_rbac import token_kubeconfig
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 KERNEL = "6.8.0-45-generic"

@@ -45,7 +45,7 @@ from kmodkit_dev import build, procs
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import running_operator
+from kmodkit_dev.operator import running_operator, token_kubeconfig
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration import test_intel_lifecycle as intel
@@ -120,19 +120,6 @@ def used_and_refused(audit_log: Path, user: str) -> tuple[set[Grant], list[str]]
             # A server-side apply that created the object: authorized as a create too.
             used.add((group, resource, "create"))
     return used, refused
-
-
-def token_kubeconfig(admin: Path, namespace: str, account: str, kube_api: Any, out: Path) -> Path:
-    """A kubeconfig that authenticates as ``account`` with a TokenRequest token, nothing else."""
-    request = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
-        account, namespace, {"spec": {"expirationSeconds": 3600}}
-    )
-    cfg = json.loads(admin.read_text())
-    cfg["users"] = [{"name": account, "user": {"token": request.status.token}}]
-    cfg["contexts"][0]["context"]["user"] = account
-    out.write_text(json.dumps(cfg))
-    out.chmod(0o600)
-    return out
 
 
 def chart_env(kube_api: Any, namespace: str, deployment: str) -> dict[str, str]:

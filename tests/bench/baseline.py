@@ -1,0 +1,71 @@
+"""The raw apiserver baseline: the writes any controller must make for a fleet, done directly.
+
+One pod pinned to each node, waited on until kwok reports it Ready, then one label
+patched on each node, from 32 client threads. The operator's convergence is measured
+against this in the same run, on the same cluster, so the ratio says what the
+operator adds, not how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client, watch
+
+THREADS = 32
+NAMESPACE = "bench-baseline"
+LABEL = "bench.kmodkit.io/baseline"
+
+
+def _pod(node: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"raw-{node}"},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": "registry.invalid/raw:1"}],
+        },
+    }
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def run(api: Any, nodes: list[str]) -> float:
+    """Seconds from the first pod create to the last label; the pods are left for
+    ``clean`` (deleting them is no part of what is measured)."""
+    core: Any = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    untyped: Any = watch
+    started = time.monotonic()
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, _pod(n)), nodes))
+        listed = core.list_namespaced_pod(NAMESPACE)
+        ready = {p.spec.node_name for p in listed.items if _ready(p)}
+        stream = untyped.Watch().stream(
+            core.list_namespaced_pod,
+            NAMESPACE,
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=600,
+        )
+        for event in stream if len(ready) < len(nodes) else ():
+            if _ready(event["object"]):
+                ready.add(event["object"].spec.node_name)
+                if len(ready) == len(nodes):
+                    break
+        list(
+            pool.map(lambda n: core.patch_node(n, {"metadata": {"labels": {LABEL: "true"}}}), nodes)
+        )
+    return time.monotonic() - started
+
+
+def clean(api: Any) -> None:
+    """The baseline's pods go with their namespace, so the operator's run is not slowed."""
+    core: Any = client.CoreV1Api(api)
+    core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+    core.delete_namespace(NAMESPACE)
+    while any(n.metadata.name == NAMESPACE for n in core.list_namespace().items):
+        time.sleep(1)
