@@ -122,3 +122,11 @@ def no_key_in(data: bytes, keys: Keys, what: str) -> None:
         window = keys.der[start : start + 32]
         assert window not in data, f"bytes of the DER key are in {what}"
         assert window.hex().encode() not in lowered, f"the DER key in hex is in {what}"
+
+
+def modinfo(where: Path, content: bytes, field: str) -> str:
+    """``modinfo -F field`` of a module's bytes, written to ``where``."""
+    where.write_bytes(content)
+    return subprocess.run(
+        ["modinfo", "-F", field, str(where)], check=True, capture_output=True, text=True
+    ).stdout.strip()

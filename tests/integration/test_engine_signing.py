@@ -41,6 +41,7 @@ from tests.integration.signing_support import (
     Kernel,
     Keys,
     make_keys,
+    modinfo,
     no_key_in,
     prepare_kernel,
     unsigned_layers,
@@ -210,13 +211,6 @@ def _secrets(core: client.CoreV1Api, namespace: str, reg: Registry, keys: Keys) 
         )
 
 
-def _modinfo(where: Path, content: bytes, field: str) -> str:
-    where.write_bytes(content)
-    return subprocess.run(
-        ["modinfo", "-F", field, str(where)], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def test_signed_images_are_made_then_loaded_and_no_key_leaves_the_secret(
     operator: Operator,
     kube_api: Any,
@@ -290,7 +284,7 @@ def test_signed_images_are_made_then_loaded_and_no_key_leaves_the_secret(
         assert names == ["kmodkit_test_dep.ko", "kmodkit_test_dev.ko"]
         for path, content in modules.items():
             assert content is not None and content.endswith(MAGIC), path
-            assert _modinfo(tmp_path / "m.ko", content, "signer") == SIGNER_CN, (image, path)
+            assert modinfo(tmp_path / "m.ko", content, "signer") == SIGNER_CN, (image, path)
         for layer in manifest["layers"]:
             no_key_in(registry.blob(f"signed/{name}", layer["digest"]), keys, f"a layer of {image}")
 

@@ -3,11 +3,16 @@
 kmodkit_dev.images) and the node's kubelet and containerd in the VM.
 
 The build Job compiles the kernel tier's test pair (tests/kernel/testmod) against the
-headers of the node's kernel from the user's Dockerfile (tests/realnode/kmod-build),
-pushes the module image with the Module's pull secret; the loader pod pulls it, the
-agent loads the pair in modulesLoadingOrder with its firmware into the VM's kernel,
-its readiness probe passes and the operator labels the node. Nothing here writes a
-label, a status or an image the product's own pods write: the test only reads them.
+headers of the node's kernel from the user's Dockerfile (tests/realnode/kmod-build) and
+pushes the unsigned module image with the Module's pull secret; the sign Job (the signer
+image, kmodkit-sign) signs both modules with the Module's key and pushes the signed image
+under containerImage; the loader pod pulls that, the agent loads the pair in
+modulesLoadingOrder with its firmware into the VM's kernel (which does not enforce
+signatures: tests/kernel proves enforcement), its readiness probe passes and the operator
+labels the node. Nothing here writes a label, a status or an image the product's own pods
+write: the test only reads them. The two kwok nodes of the cluster are cordoned for the
+test: a sign Job may run on any node of its architecture, and kwok would complete it
+without running it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
+from tests.integration.oci_images import Client, layer_files
+from tests.integration.signing_support import MAGIC, SIGNER_CN, Keys, make_keys, modinfo, no_key_in
 from tests.realnode import images
 from tests.realnode.test_node import core, pod, read, wait_phase
 
@@ -58,7 +65,23 @@ def destination(node_registry: Registry) -> Iterator[product_images.Destination]
 
 @pytest.fixture(scope="module")
 def product(destination: product_images.Destination) -> dict[str, str]:
-    return product_images.build_images(["agent", "builder"], destination)
+    return product_images.build_images(["agent", "builder", "signer"], destination)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    return make_keys(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture
+def kwok_cordoned(kube_api: Any) -> Iterator[None]:
+    api = core(kube_api)
+    kwok = [n.metadata.name for n in api.list_node(label_selector="type=kwok").items]
+    for name in kwok:
+        api.patch_node(name, {"spec": {"unschedulable": True}})
+    yield
+    for name in kwok:
+        api.patch_node(name, {"spec": {"unschedulable": None}})
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +107,7 @@ def operator(
         tmp_path / "operator.log",
         KMODKIT_AGENT_IMAGE=product["agent"],
         KMODKIT_BUILDER_IMAGE=product["builder"],
+        KMODKIT_SIGNER_IMAGE=product["signer"],
         KMODKIT_REGISTRY_CA=str(dev_cluster.pki / "ca.crt"),
         KMODKIT_BUILD_REGISTRY_CA_CONFIGMAP="registry-ca",
         KMODKIT_IMAGE_RECHECK_SECONDS="10",
@@ -92,9 +116,13 @@ def operator(
 
 
 @pytest.fixture
-def module_ns(ns: str, kube_api: Any, dev_cluster: devcluster.Cluster) -> str:
-    """``ns`` with the user's Dockerfile and the registry's CA, for the build Job."""
+def module_ns(ns: str, kube_api: Any, dev_cluster: devcluster.Cluster, keys: Keys) -> str:
+    """``ns`` with the user's Dockerfile, the registry's CA and the signing key."""
     api = core(kube_api)
+    for name, key, path in (("signing-key", "key", keys.key), ("signing-cert", "cert", keys.cert)):
+        api.create_namespaced_secret(
+            ns, {"metadata": {"name": name}, "stringData": {key: path.read_text()}}
+        )
     api.create_namespaced_config_map(
         ns,
         {
@@ -128,6 +156,13 @@ def module(registry: str, build_base: str, run_base: str) -> dict[str, Any]:
                         "firmwarePath": "/firmware",
                     },
                     "devicePaths": ["/dev/kmodkit_test"],
+                    "sign": {
+                        "keySecret": {"name": "signing-key"},
+                        "certSecret": {"name": "signing-cert"},
+                        "filesToSign": [
+                            "/opt/lib/modules/${KERNEL_FULL_VERSION}/extra/kmodkit_test_*.ko"
+                        ],
+                    },
                     "kernelMappings": [
                         {
                             "regexp": r"^.+-amd64$",
@@ -190,7 +225,10 @@ def termination_messages(kube_api: Any, ns: str) -> list[str]:
 def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
     kube_api: Any,
     module_ns: str,
+    kwok_cordoned: None,
     operator: Operator,
+    keys: Keys,
+    tmp_path: Path,
     real_node: realnode.RealNode,
     node_registry: Registry,
     build_base: str,
@@ -235,6 +273,20 @@ def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
     assert (
         loader.spec.init_containers[0].image == f"{node_registry.host}/kmods/kmodkit-test:{kernel}"
     )
+
+    # 2b. What it loads is the sign Job's image: both modules signed by our key, the
+    # build's unsigned image under its own tag, and no byte of the key in any layer.
+    registry = Client(node_registry)
+    manifest, _ = registry.manifest("kmods/kmodkit-test", kernel)
+    top = layer_files(registry.blob("kmods/kmodkit-test", manifest["layers"][-1]["digest"]))
+    signed = {Path(p).name: c for p, (info, c) in top.items() if info.isfile() and c}
+    assert sorted(signed) == ["kmodkit_test_dep.ko", "kmodkit_test_dev.ko"]
+    for name, content in signed.items():
+        assert content.endswith(MAGIC), name
+        assert modinfo(tmp_path / name, content, "signer") == SIGNER_CN, name
+    for layer in manifest["layers"]:
+        no_key_in(registry.blob("kmods/kmodkit-test", layer["digest"]), keys, "a layer")
+    registry.manifest("kmods/kmodkit-test", f"{kernel}-unsigned")
 
     # 3. A pod gated on the label runs there and sees the pair loaded, dep used by dev,
     # and the firmware the agent placed read by the module at init.
@@ -303,3 +355,4 @@ def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
     core(kube_api).create_namespaced_pod(ns, check)
     after = wait_phase(kube_api, ns, "check", "Succeeded", "Failed")
     assert after.status.container_statuses[0].state.terminated.message.strip() == "0"
+    no_key_in(operator.log.read_bytes(), keys, "the operator's log")
