@@ -79,7 +79,7 @@ def write_docs(rows: list[Figures]) -> None:
     page = DOCS / "performance.md"
     text = page.read_text()
     measured = (
-        f"{BEGIN}\nMeasured {time.strftime('%Y-%m-%d')} by `make bench` "
+        f"{BEGIN}\nMeasured {time.strftime('%Y-%m-%d')} by `make bench` (with `--docs`) "
         f"(`BENCH_SIZES={','.join(str(f.nodes) for f in rows)}`), one run, "
         f"{os.cpu_count()} cores:\n\n{report.table(rows)}\n\n"
         f"The operator's writes by resource during convergence (audit log):\n\n"
