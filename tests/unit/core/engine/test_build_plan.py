@@ -169,12 +169,8 @@ def test_build_secrets_are_mounted_where_kmm_puts_them_and_bound_into_run_steps(
     assert "--run-volume=/run/secrets/token:/run/secrets/token" in container["args"]
 
 
-def test_the_registry_ca_setting_is_the_builders_cert_dir() -> None:
-    settings = replace(SETTINGS, registry_ca_config_map="registry-ca", registry_ca_key="bundle")
-    (job,) = builds(module(), {IMG1: MISSING}, [], settings=settings).create
-    pod = job["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert "--cert-dir=/etc/kmodkit/registry-ca" in container["args"]
+def assert_mounts_the_registry_ca(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """The ConfigMap ``registry-ca`` (key ``bundle``), optional, mounted read-only."""
     assert {
         "name": "registry-ca",
         "configMap": {
@@ -188,6 +184,15 @@ def test_the_registry_ca_setting_is_the_builders_cert_dir() -> None:
         "mountPath": "/etc/kmodkit/registry-ca",
         "readOnly": True,
     } in container["volumeMounts"]
+
+
+def test_the_registry_ca_setting_is_the_builders_cert_dir() -> None:
+    settings = replace(SETTINGS, registry_ca_config_map="registry-ca", registry_ca_key="bundle")
+    (job,) = builds(module(), {IMG1: MISSING}, [], settings=settings).create
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--cert-dir=/etc/kmodkit/registry-ca" in container["args"]
+    assert_mounts_the_registry_ca(pod, container)
     # Without the setting, the system's CAs only.
     (plain,) = builds(module(), {IMG1: MISSING}, []).create
     assert not any(

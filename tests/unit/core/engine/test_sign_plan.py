@@ -23,6 +23,7 @@ from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Existence
 from kmodkit.core.nodes import NodeView
+from tests.unit.core.engine.test_build_plan import assert_mounts_the_registry_ca
 
 K = "6.8.0-45-generic"
 IMAGE = f"r.io/xe:{K}"
@@ -214,19 +215,7 @@ def test_the_registry_ca_setting_is_trusted_by_the_signer_as_by_the_builder() ->
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert "--registry-ca=/etc/kmodkit/registry-ca/ca.crt" in container["args"]
-    assert {
-        "name": "registry-ca",
-        "configMap": {
-            "name": "registry-ca",
-            "items": [{"key": "bundle", "path": "ca.crt"}],
-            "optional": True,
-        },
-    } in pod["volumes"]
-    assert {
-        "name": "registry-ca",
-        "mountPath": "/etc/kmodkit/registry-ca",
-        "readOnly": True,
-    } in container["volumeMounts"]
+    assert_mounts_the_registry_ca(pod, container)
 
 
 def test_with_a_build_the_unsigned_image_is_built_first_and_never_under_the_final_name() -> None:
