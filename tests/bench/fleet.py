@@ -167,26 +167,26 @@ class Fleet:
             self.cluster.kubeconfig, NS, "operator", self.api, self.work / "operator.kubeconfig"
         )
         self.audit = Audit(Path(self.cluster.log("audit")), f"system:serviceaccount:{NS}:operator")
-        self.metrics_port = 0
 
-    def start_operator(self) -> Operator:
-        self.metrics_port = procs.free_port()
+    def launch_operator(self) -> tuple[Operator, int]:
+        """``kmodkit run`` as the ServiceAccount, its metrics on a port of its own."""
+        port = procs.free_port()
         op = launch(
             self.kubeconfig,
             self.work / "operator.log",
             "--metrics-port",
-            str(self.metrics_port),
+            str(port),
             KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
             KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:bench",
         )
-        op.wait_healthy(timeout=120)
-        return op
+        return op, port
 
     def measure(self) -> Figures:
         figures = Figures(self.n)
         figures.baseline_s = baseline.run(self.api, self.nodes)
         baseline.clean(self.api)
-        op = self.start_operator()
+        op, _ = self.launch_operator()
+        op.wait_healthy(timeout=120)
         try:
             self._converge(op, figures)
             self._idle(figures)
@@ -229,14 +229,7 @@ class Fleet:
         op.kill()
         self.audit.mark()
         started = time.monotonic()
-        op = launch(
-            self.kubeconfig,
-            self.work / "operator.log",
-            "--metrics-port",
-            str(port := procs.free_port()),
-            KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
-            KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:bench",
-        )
+        op, port = self.launch_operator()
         while _planned_nodes(port) < self.n:
             if time.monotonic() - started > 300:
                 raise RuntimeError(f"no pass 300 s after the restart; see {op.log}")
