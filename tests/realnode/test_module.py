@@ -338,8 +338,8 @@ def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
         for e in told.items
     ), [e.message for e in told.items]
     assert not module_gone(kube_api, ns)
-    gated_again = read(kube_api, ns, "holder")
-    assert gated_again.status.phase == "Running"
+    still_holding = read(kube_api, ns, "holder")
+    assert still_holding.status.phase == "Running"
 
     # 5. With the holder gone the unload goes through; the finalizer goes only then.
     core(kube_api).delete_namespaced_pod("holder", ns)
