@@ -36,7 +36,9 @@ def _phase(core: Any, name: str, namespace: str) -> str:
     show_default=True,
     help="The operator's namespace: the vacate pod runs there.",
 )
-@click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Any image with chroot.")
+@click.option(
+    "--image", default=DEFAULT_IMAGE, show_default=True, help="Any image with sh and chroot."
+)
 @click.option("--timeout", default=300, show_default=True, help="Seconds to wait for the pod.")
 def migrate_node(node: str, namespace: str, image: str, timeout: int) -> None:
     """Vacate DKMS on NODE so the operator can manage its tt-kmd.
@@ -73,16 +75,17 @@ def migrate_node(node: str, namespace: str, image: str, timeout: int) -> None:
             if time.monotonic() > deadline:
                 raise click.ClickException(f"the vacate pod on {node} did not finish in {timeout}s")
             time.sleep(1)
-        log = str(core.read_namespaced_pod_log(name, namespace))
-        click.echo(log.rstrip())
-        code = next(
+        ended = next(
             (
-                s.state.terminated.exit_code
+                s.state.terminated
                 for s in core.read_namespaced_pod(name, namespace).status.container_statuses or []
                 if s.state and s.state.terminated
             ),
-            1,
+            None,
         )
+        log = str(ended.message or "") if ended is not None else ""
+        click.echo(log.rstrip())
+        code = ended.exit_code if ended is not None else 1
     finally:
         core.delete_namespaced_pod(name, namespace)
     if code == 0 and VACATED in log:

@@ -23,6 +23,9 @@ VACATED = "host vacated; operator can take over"
 
 SCRIPT = r"""
 set -u
+# The host's own tools, whatever PATH the pod's image sets.
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 M=tenstorrent
 KVER=$(uname -r)
 echo "found: kernel $KVER"
@@ -96,6 +99,16 @@ echo "__VACATED__"
 """.replace("__VACATED__", VACATED)
 
 
+# The procedure's report is the container's termination message (the kubelet keeps its
+# last 4 KiB, the verdict included): the command reads it from the pod's status, which
+# needs neither pods/log nor a connection from the apiserver to the node's kubelet.
+# The script is an argument, never part of the outer command line.
+REPORT = (
+    'chroot /host /bin/sh -c "$1" >/dev/termination-log 2>&1; code=$?; '
+    "cat /dev/termination-log; exit $code"
+)
+
+
 def vacate_pod(node: str, namespace: str, image: str) -> dict[str, Any]:
     """The pod that runs the procedure on ``node``: pinned there, privileged, host PID and root."""
     return {
@@ -118,7 +131,7 @@ def vacate_pod(node: str, namespace: str, image: str) -> dict[str, Any]:
                 {
                     "name": "vacate",
                     "image": image,
-                    "command": ["chroot", "/host", "/bin/sh", "-c", SCRIPT],
+                    "command": ["/bin/sh", "-c", REPORT, "vacate", SCRIPT],
                     "securityContext": {"privileged": True},
                     "volumeMounts": [{"name": "host", "mountPath": "/host"}],
                 }

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kmodkit.backends.tenstorrent.vacate import SCRIPT, VACATED, vacate_pod
+from kmodkit.backends.tenstorrent.vacate import EXIT_HELD, REPORT, SCRIPT, VACATED, vacate_pod
 
 KVER = "6.8.0-45-generic"
 FAKES = {
@@ -135,5 +135,37 @@ def test_the_pod_runs_pinned_privileged_with_the_host_root() -> None:
     assert spec["nodeName"] == "node-1" and spec["hostPID"] is True
     assert spec["restartPolicy"] == "Never"
     container = spec["containers"][0]
-    assert container["command"][:2] == ["chroot", "/host"]
+    assert container["command"] == ["/bin/sh", "-c", REPORT, "vacate", SCRIPT]
     assert container["securityContext"] == {"privileged": True}
+
+
+def test_the_report_is_the_termination_message_and_the_exit_code_the_scripts(
+    tmp_path: Path,
+) -> None:
+    # The pod's own root (busybox, a termination-log file) with the host's at /host,
+    # the held case: the whole report lands in the file and on stdout, with exit 3.
+    pod_root = tmp_path / "pod"
+    (pod_root / "bin").mkdir(parents=True)
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    shutil.copy(busybox, pod_root / "bin" / "busybox")
+    for tool in ("sh", "cat", "chroot"):
+        (pod_root / "bin" / tool).symlink_to("busybox")
+    (pod_root / "dev").mkdir()
+    host = _host(tmp_path, holder=True)
+    host.rename(pod_root / "host")
+    tools = "\n".join(f"{name}() {{ {body}; }}" for name, body in FAKES.items())
+    command = vacate_pod("node-1", "ops", "busybox:1.36")["spec"]["containers"][0]["command"]
+    command[-1] = tools + "\n" + command[-1]
+    run = subprocess.run(
+        [shutil.which("chroot") or "chroot", str(pod_root), *command],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/bin"},
+        check=False,
+    )
+    assert run.returncode == EXIT_HELD, run.stdout + run.stderr
+    message = (pod_root / "dev" / "termination-log").read_text()
+    assert "found: pid 4242 (tt-smi) holds /dev/tenstorrent/0" in message
+    assert message.rstrip().splitlines()[-1].startswith("refused: /dev/tenstorrent is in use")
+    assert run.stdout == message
