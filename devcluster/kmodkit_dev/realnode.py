@@ -23,9 +23,11 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import secrets
 import shlex
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -403,8 +405,14 @@ def _pause(out: Path) -> bytes:
 
 def prepare_kernel(echo: Echo) -> Path:
     """The kernel tier's cache (kernel, modules, initramfs): prepare.sh's last line."""
+    # The signature recipe's virt-fw-vars comes with the dev extras, beside this Python.
     done = subprocess.run(
-        ["sh", str(PREPARE)], capture_output=True, text=True, timeout=900, check=False
+        ["sh", str(PREPARE)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "KMODKIT_PYTHON": sys.executable},
     )
     if done.returncode != 0:
         raise RealNodeError(f"{PREPARE} failed:\n{done.stderr[-4000:]}")
