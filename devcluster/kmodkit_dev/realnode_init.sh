@@ -29,9 +29,19 @@ mount --bind /run/kmodkit-test/node/var/lib/firmware /var/lib/firmware
 # /tmp stays this machine's (read-only: the node's directory may be under it).
 export TMPDIR=/var/tmp
 # The modules of the kernel this VM booted (this machine has the directory, from
-# the kernel headers, but not its modules), so modprobe finds them.
+# the kernel headers, but not its modules), so modprobe finds them. It and /usr/src
+# are writable, as on any host (DKMS installs into both): overlays on the VM's memory.
 mount --bind "$NODE_MODULES" "/lib/modules/$(uname -r)"
-for module in virtio_net overlay veth bridge br_netfilter nf_conntrack nf_nat \
+modprobe overlay
+writable() { # lower, mount point
+	layer=/run/kmodkit-node/overlays/$(echo "$2" | tr / _)
+	mkdir -p "$layer/upper" "$layer/work"
+	mount -t overlay overlay -o "lowerdir=$1,upperdir=$layer/upper,workdir=$layer/work" "$2"
+}
+writable "$NODE_MODULES" "/lib/modules/$(uname -r)"
+writable /usr/src /usr/src
+# drm: the class (/sys/class/drm) a GPU node has and Intel's device plugin mounts.
+for module in virtio_net veth bridge br_netfilter nf_conntrack nf_nat drm \
 	nf_tables nft_chain_nat nft_compat nft_masq nft_nat nft_ct xt_MASQUERADE xt_nat \
 	xt_tcpudp xt_conntrack xt_comment xt_addrtype xt_mark xt_multiport ip_tables iptable_nat \
 	iptable_filter; do

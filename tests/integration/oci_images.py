@@ -90,6 +90,7 @@ class Client:
         architecture: str = "amd64",
         history: bool = True,
         docker: bool = False,
+        entrypoint: list[str] | None = None,
     ) -> tuple[str, int]:
         """Push an image of ``layers`` (OCI, or Docker schema 2); (manifest digest, size)."""
         kind, config_kind, layer_kind = (
@@ -101,7 +102,10 @@ class Client:
         config: dict[str, Any] = {
             "architecture": architecture,
             "os": "linux",
-            "config": {"Env": ["PATH=/usr/bin"]},
+            "config": {
+                "Env": ["PATH=/usr/bin"],
+                **({"Entrypoint": entrypoint} if entrypoint else {}),
+            },
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }
         if history:

@@ -2,7 +2,8 @@
 # Prepare the real-kernel test tier from Debian's archive: qemu and busybox, the
 # current Debian kernel image (extracted, never installed: its hooks want a
 # bootloader) and its headers, our test module pair built against them, and a
-# busybox initramfs that mounts this machine's root over virtio-9p. For the
+# busybox initramfs that mounts this machine's root over virtio-9p, and the
+# tests' stand-in for tt-kmd (ttmod/) built against the same headers. For the
 # signature boot: two test signers (key and certificate, made with openssl), the
 # test modules signed by each with the kernel's sign-file, OVMF, the kernel signed
 # with a test platform key, and an OVMF variable store with Secure Boot on, that
@@ -109,6 +110,18 @@ if [ ! -d "$driver" ]; then
 	publish "$scratch" "$driver"
 fi
 ln -sfn "$(basename "$driver")" "$cache/driver"
+# The tests' stand-in for tt-kmd (ttmod/tenstorrent.c), for the real node's Tenstorrent tests.
+tt_hash=$(cat "$here"/ttmod/* | md5sum | cut -c1-16)
+ttmod=$cache/ttmod-$tt_hash
+if [ ! -d "$ttmod" ]; then
+	say "building the tt-kmd stand-in against $headers"
+	scratch=$(mktemp -d "$cache/.ttmod.XXXXXX")
+	cp "$here"/ttmod/* "$scratch/"
+	make -s -C "$headers" M="$scratch" modules >&2 2>&1
+	chmod 0755 "$scratch"
+	publish "$scratch" "$ttmod"
+fi
+ln -sfn "$(basename "$ttmod")" "$cache/ttmod"
 if [ "$mode" = modules ]; then
 	echo "$cache"
 	exit 0

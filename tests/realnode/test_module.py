@@ -26,8 +26,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core import labels
-from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import images as product_images
 from kmodkit_dev import realnode
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
@@ -39,8 +37,6 @@ from tests.realnode import images
 from tests.realnode.test_node import core, pod, read, wait_phase
 
 pytestmark = pytest.mark.timeout(2400)
-ROOT = Path(__file__).resolve().parents[2]
-BUILD_BASE = ROOT / "tests" / "realnode" / "kmod-build"
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 SECRET = images.PULL_SECRET
 NAME = "testmod"
@@ -48,24 +44,6 @@ NAME = "testmod"
 # module compiled by gcc on one emulated CPU, the push.
 BUILD_TIMEOUT = 1500.0
 STEP_TIMEOUT = 600.0
-
-
-@pytest.fixture(scope="module")
-def kernel(kube_api: Any, real_node: realnode.RealNode) -> str:
-    return str(core(kube_api).read_node(real_node.name).status.node_info.kernel_version)
-
-
-@pytest.fixture(scope="module")
-def destination(node_registry: Registry) -> Iterator[product_images.Destination]:
-    with product_images.login_file(
-        node_registry.host, node_registry.username, node_registry.password
-    ) as authfile:
-        yield product_images.Destination(node_registry.host, node_registry.ca, authfile)
-
-
-@pytest.fixture(scope="module")
-def product(destination: product_images.Destination) -> dict[str, str]:
-    return product_images.build_images(["agent", "builder", "signer"], destination)
 
 
 @pytest.fixture(scope="module")
@@ -84,60 +62,26 @@ def kwok_cordoned(kube_api: Any) -> Iterator[None]:
         api.patch_node(name, {"spec": {"unschedulable": None}})
 
 
-@pytest.fixture(scope="module")
-def build_base(kernel: str, destination: product_images.Destination) -> str:
-    """The user's builder base: a compiler and the node kernel's headers."""
-    built = product_images.build_image(
-        BUILD_BASE / "Dockerfile", ROOT, {"KERNEL_VERSION": kernel}, "kmodkit-test/kmod-build"
-    )
-    return product_images.push(built, f"{destination.host}/base/kmod-build:{kernel}", destination)
-
-
 @pytest.fixture
 def operator(
     kubeconfig: str,
     kube_api: Any,
-    product: dict[str, str],
-    dev_cluster: devcluster.Cluster,
+    engine_settings: dict[str, str],
     tmp_path: Path,
 ) -> Iterator[Operator]:
     install(kube_api)
-    with running_operator(
-        kubeconfig,
-        tmp_path / "operator.log",
-        KMODKIT_AGENT_IMAGE=product["agent"],
-        KMODKIT_BUILDER_IMAGE=product["builder"],
-        KMODKIT_SIGNER_IMAGE=product["signer"],
-        KMODKIT_REGISTRY_CA=str(dev_cluster.pki / "ca.crt"),
-        KMODKIT_BUILD_REGISTRY_CA_CONFIGMAP="registry-ca",
-        KMODKIT_IMAGE_RECHECK_SECONDS="10",
-    ) as op:
+    with running_operator(kubeconfig, tmp_path / "operator.log", **engine_settings) as op:
         yield op
 
 
 @pytest.fixture
-def module_ns(ns: str, kube_api: Any, dev_cluster: devcluster.Cluster, keys: Keys) -> str:
-    """``ns`` with the user's Dockerfile, the registry's CA and the signing key."""
-    api = core(kube_api)
+def module_ns(build_ns: str, kube_api: Any, keys: Keys) -> str:
+    """``build_ns`` with the signing key and certificate."""
     for name, key, path in (("signing-key", "key", keys.key), ("signing-cert", "cert", keys.cert)):
-        api.create_namespaced_secret(
-            ns, {"metadata": {"name": name}, "stringData": {key: path.read_text()}}
+        core(kube_api).create_namespaced_secret(
+            build_ns, {"metadata": {"name": name}, "stringData": {key: path.read_text()}}
         )
-    api.create_namespaced_config_map(
-        ns,
-        {
-            "metadata": {"name": "registry-ca"},
-            "data": {"ca.crt": (dev_cluster.pki / "ca.crt").read_text()},
-        },
-    )
-    api.create_namespaced_config_map(
-        ns,
-        {
-            "metadata": {"name": "testmod-dockerfile"},
-            "data": {"dockerfile": (BUILD_BASE / "module.Dockerfile").read_text()},
-        },
-    )
-    return ns
+    return build_ns
 
 
 def module(registry: str, build_base: str, run_base: str) -> dict[str, Any]:
@@ -196,9 +140,9 @@ def failures(kube_api: Any, ns: str) -> list[dict[str, Any]]:
     return list((obj.get("status") or {}).get("nodeFailures") or [])
 
 
-def module_gone(kube_api: Any, ns: str) -> bool:
+def module_gone(kube_api: Any, ns: str, name: str = NAME) -> bool:
     try:
-        custom(kube_api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, NAME)
+        custom(kube_api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
     except ApiException as err:
         return err.status == 404
     return False
