@@ -156,6 +156,16 @@ def pods_of(kube_api: Any, ns: str, component: str) -> list[Any]:
     )
 
 
+def loaded_test_modules(kube_api: Any, ns: str, busybox: str) -> str:
+    """How many kmodkit_test modules the real node's kernel has loaded, read by a pod."""
+    check = pod(
+        "check", busybox, "grep -c '^kmodkit_test' /proc/modules > /dev/termination-log || true"
+    )
+    core(kube_api).create_namespaced_pod(ns, check)
+    after = wait_phase(kube_api, ns, "check", "Succeeded", "Failed")
+    return str(after.status.container_statuses[0].state.terminated.message.strip())
+
+
 def termination_messages(kube_api: Any, ns: str) -> list[str]:
     """Each ended container's own account of why (the builder's and the agent's)."""
     return [
@@ -291,12 +301,5 @@ def test_a_module_is_built_loaded_gated_held_and_unloaded_on_the_real_node(
         lambda: module_gone(kube_api, ns), "the Module's deletion", timeout=STEP_TIMEOUT, interval=2
     )
     assert ready not in node_labels(kube_api, real_node.name)
-    check = pod(
-        "check",
-        image_refs[images.BUSYBOX],
-        "grep -c '^kmodkit_test' /proc/modules > /dev/termination-log || true",
-    )
-    core(kube_api).create_namespaced_pod(ns, check)
-    after = wait_phase(kube_api, ns, "check", "Succeeded", "Failed")
-    assert after.status.container_statuses[0].state.terminated.message.strip() == "0"
+    assert loaded_test_modules(kube_api, ns, image_refs[images.BUSYBOX]) == "0"
     no_key_in(operator.log.read_bytes(), keys, "the operator's log")
