@@ -161,6 +161,14 @@ def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> No
     assert _env(helm.template())["KMODKIT_BUILDER_IMAGE"] == "ghcr.io/kmodkit/builder:0.1.0"
     pinned = _env(helm.template("--set", f"builder.image.digest={DIGEST}"))
     assert pinned["KMODKIT_BUILDER_IMAGE"] == f"ghcr.io/kmodkit/builder:0.1.0@{DIGEST}"
+    # A tt-kmd mirror reaches the builders; unset, the builder image's default stands.
+    mirror = "https://git.internal/mirrors/tt-kmd.git"
+    mirrored = _env(helm.template("--set", f"tenstorrent.kmdRepository={mirror}"))
+    assert TenstorrentSettings.from_settings(mirrored).kmd_repository == mirror
+    assert "KMODKIT_TT_KMD_REPOSITORY" not in _env(helm.template())
+    bad = helm.run("lint", str(CHART), "--set", "tenstorrent.kmdRepository=not a url", ok=False)
+    assert bad.returncode != 0
+    assert "kmdRepository" in bad.stderr + bad.stdout
 
 
 def test_the_seeds_value_names_work_as_aliases(each_helm: Helm, tmp_path: Path) -> None:

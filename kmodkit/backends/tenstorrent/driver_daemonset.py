@@ -13,8 +13,10 @@ reaches pods that already run without changing the template.
 The ``template-hash`` annotation is a hash of the pod template with its keys
 sorted (every list in the template is built in a fixed order), so the same
 policy always hashes the same and an unchanged policy never looks stale.
-``TT_FORCE_UNLOAD`` is left out of the hash: switching forceUnload changes how
-a pod unloads, not what a node runs, so it must not roll the whole fleet. The
+``TT_FORCE_UNLOAD`` and ``TT_KMD_REPO`` are left out of the hash: switching
+forceUnload changes how a pod unloads, and a new tt-kmd repository where a future
+cache miss clones from, not what a node runs, so neither may roll the whole fleet
+(pods started from then on have the new value). The
 hash is taken over the template with the affinity of the policy's own selector
 only: the terms that keep the builder off nodes older policies own
 (``owned_affinity``) change with the other policies, and where a builder may
@@ -43,6 +45,8 @@ from kmodkit.sdk import RolloutKeys
 APP_NAME = "tt-kmd-installer"
 CONTAINER = "builder"
 FORCE_UNLOAD_ENV = "TT_FORCE_UNLOAD"
+REPOSITORY_ENV = "TT_KMD_REPO"
+UNHASHED_ENV = frozenset({FORCE_UNLOAD_ENV, REPOSITORY_ENV})
 VERSION_ENV = "TT_KMD_VERSION"
 ROLLOUT_STATE_ENV = "TT_ROLLOUT_STATE_LABEL"
 HOST_ROOT = "/host"
@@ -60,11 +64,12 @@ def pod_labels(policy: str) -> dict[str, str]:
 
 
 def template_hash(template: Mapping[str, Any]) -> str:
-    """First 16 hex characters of SHA-256 over the template, keys sorted, forceUnload left out."""
+    """First 16 hex characters of SHA-256 over the template, keys sorted, ``UNHASHED_ENV`` left
+    out."""
     spec = dict(template.get("spec") or {})
     containers = []
     for container in spec.get("containers") or []:
-        env = [e for e in container.get("env") or [] if e.get("name") != FORCE_UNLOAD_ENV]
+        env = [e for e in container.get("env") or [] if e.get("name") not in UNHASHED_ENV]
         containers.append({**container, "env": env})
     hashed = {**template, "spec": {**spec, "containers": containers}}
     text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
@@ -90,6 +95,8 @@ def pod_template(
         {"name": "KMODKIT_HOST_ROOT", "value": HOST_ROOT},
         *settings.env(),
     ]
+    if settings.kmd_repository:
+        env.append({"name": REPOSITORY_ENV, "value": settings.kmd_repository})
     agent_status = [
         "kmodkit-agent",
         "--config",

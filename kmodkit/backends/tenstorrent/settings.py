@@ -8,6 +8,9 @@
   (default ``kmodkit-tenstorrent-flasher``).
 - ``KMODKIT_TT_DEPLOY_GATES``: comma-separated gate label keys, set to ``false`` while a
   node is drained (default ``tenstorrent.com/deploy.tt-telemetry``; set but empty: none).
+- ``KMODKIT_TT_KMD_REPOSITORY``: the git repository the builders clone tt-kmd from on a
+  cache miss (tag ``ttkmd-<version>``); default: the builder image's, upstream's on GitHub.
+  An air-gapped cluster names its mirror here.
 - ``KMODKIT_TT_REQUIRE_PCI_LABEL``: ``false`` lets policies cover nodes without the NFD
   Tenstorrent PCI label (default ``true``).
 - ``KMODKIT_EXTRA_ENV_<NAME>``: ``<NAME>=<value>`` is set in the builder and flash pods
@@ -35,6 +38,7 @@ class TenstorrentSettings:
     flasher_service_account: str = DEFAULT_FLASHER_SERVICE_ACCOUNT
     deploy_gates: tuple[str, ...] = DEFAULT_DEPLOY_GATES
     require_pci_label: bool = True
+    kmd_repository: str = ""
     extra_env: tuple[tuple[str, str], ...] = ()
     """(name, value) pairs for the pods, sorted by name so the pod template is stable."""
 
@@ -51,6 +55,7 @@ class TenstorrentSettings:
             if gates is None
             else tuple(g.strip() for g in gates.split(",") if g.strip()),
             require_pci_label=env.get("KMODKIT_TT_REQUIRE_PCI_LABEL", "true").lower() != "false",
+            kmd_repository=env.get("KMODKIT_TT_KMD_REPOSITORY", "").strip(),
             extra_env=tuple(
                 sorted(
                     (key[len(EXTRA_ENV_PREFIX) :], value)

@@ -61,6 +61,19 @@ def test_template_hash_follows_what_a_node_runs_but_not_force_unload() -> None:
     assert template_hash(forced["spec"]["template"] | {"metadata": {}}) != ""
 
 
+def test_the_kmd_repository_reaches_the_builders_without_rolling_the_fleet() -> None:
+    mirror = TenstorrentSettings.from_settings(
+        {"KMODKIT_TT_KMD_REPOSITORY": " git://mirror.internal/tt-kmd.git "}
+    )
+    ds = daemonset("p", "ns", _spec(), mirror)
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TT_KMD_REPO"] == "git://mirror.internal/tt-kmd.git"
+    assert _hash(ds) == _hash(daemonset("p", "ns", _spec(), TenstorrentSettings()))
+    unset = daemonset("p", "ns", _spec(), TenstorrentSettings())["spec"]["template"]["spec"]
+    assert "TT_KMD_REPO" not in {e["name"] for e in unset["containers"][0]["env"]}
+
+
 def test_builder_daemonset_shape() -> None:
     settings = TenstorrentSettings.from_settings({"KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://p:3128"})
     ds = daemonset("p", "ns", _spec(), settings)
