@@ -49,6 +49,7 @@ for arg; do
   [ "$prev" = -d ] && echo "$arg" >> /state/labels
   prev=$arg
 done
+echo "$prev" >> /state/urls
 """
 
 
@@ -114,6 +115,8 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
             "POD_NAME": "ttdrv-p-abcde",
             "TT_ROLLOUT_STATE_LABEL": "rollout.kmodkit.io/ttdp.p",
             "TT_REDETECT_SECONDS": "0.1",
+            "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+            "KUBERNETES_SERVICE_PORT": "6443",
         },
     )
     yield Builder(root, process)
@@ -128,6 +131,9 @@ def test_back_to_host_mode_when_dkms_returns_while_serving(builder: Builder) -> 
     builder.set("go")
     builder.read_until('"serving"')
     assert '"driver.tenstorrent.com/install-mode":"container"' in builder.labels()[-1]
+    # At the kubernetes Service's address the kubelet gives every pod: no DNS needed.
+    urls = (builder.root / "state" / "urls").read_text().split()
+    assert set(urls) == {"https://10.96.0.1:6443/api/v1/nodes/node-1"}
 
     builder.set("mode", "host")  # the admin reinstalled DKMS: the rollback
     builder.read_until("host_managed.detected")
