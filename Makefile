@@ -9,9 +9,10 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devcluster/pyproject.toml
 
 # busybox-static and tmux for the tests; mmdebstrap, buildah and skopeo make and
 # push the product's images; containerd, runc, the CNI plugins, iptables and
-# socat run the real node (the kernel tier's prepare.sh installs qemu itself).
+# socat run the real node (the kernel tier's prepare.sh installs qemu itself), and
+# git's daemon serves it sources.
 DEBIAN_PACKAGES := busybox-static tmux mmdebstrap buildah skopeo containerd runc \
-	containernetworking-plugins iptables socat
+	containernetworking-plugins iptables socat git
 
 .PHONY: setup system-deps devcluster-bin lint test unit demo crds krew bench clean
 

@@ -115,7 +115,7 @@ IMAGES: dict[str, ImageSpec] = {
         ROOT / "dockerfiles/tenstorrent/builder/Dockerfile",
         ROOT,
         # Debian bookworm has gcc-12 only (its kernels are built with it).
-        args={"GCC_PACKAGES": "gcc-12", "TT_SMI_VERSION": "0.0.0+standin"},
+        args={"GCC_PACKAGES": "gcc-12", "TT_SMI_VERSION": "0.0.0-standin"},
         served={
             "TT_SMI_URL": _TT_SMI,
             "TT_KMD_UDEV_URL": Served(

@@ -7,11 +7,13 @@ mounts this machine's root read-only over virtio-9p and runs
 ``realnode_init.sh`` chrooted into it, so the kubelet is the one devcluster
 built, and containerd, runc, the CNI plugins, iptables and socat are this
 machine's Debian packages. Its network is qemu's user network with
-``restrict=on``: the only ways out are two ``guestfwd`` rules, to the apiserver
-and to the registry the node pulls from. The node's directory is shared
-writable with the VM: its configuration goes in, the logs of the VM's console,
-its init, containerd and the kubelet come out (``RealNode.logs``), and a
-``share/`` directory there is a node path pods can mount (``RealNode.share``).
+``restrict=on``: the only ways out are three ``guestfwd`` rules, to the apiserver,
+to the registry the node pulls from and to a git daemon serving the node's
+``sources/`` (``SOURCES_URL``: what a cluster's internal git server is to a build).
+The node's directory is shared writable with the VM: its configuration goes in,
+the logs of the VM's console, its init, containerd and the kubelet come out
+(``RealNode.logs``), and a ``share/`` directory there is a node path pods can
+mount (``RealNode.share``).
 
 kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake``; this node has no
 such annotation, so kwok leaves it and its pods alone.
@@ -53,6 +55,10 @@ SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
 # Addresses on qemu's user network that lead out of the VM (guestfwd).
 API_GUEST = "10.0.2.100:443"
 REGISTRY_GUEST = "10.0.2.101:443"
+SOURCES_GUEST = "10.0.2.102:9418"
+SOURCES_URL = f"git://{SOURCES_GUEST.split(':')[0]}/"
+"""Where pods on the node clone ``RealNode.sources``' repositories from (git's own port)."""
+GIT_DAEMON = "/usr/lib/git-core/git-daemon"
 POD_SUBNET = "10.88.0.0/16"
 FORWARD_PLUGIN = "kmodkit-registry-forward"
 # The kernel looks for firmware in its own root, the VM's initramfs, which the
@@ -77,6 +83,7 @@ class RealNode:
     registry_user: str
     registry_password: str
     registry_pid: int
+    git_pid: int = 0
     boot_seconds: float = 0.0
     """From starting qemu to the Node's Ready condition."""
 
@@ -86,10 +93,15 @@ class RealNode:
         return self.dir / "share"
 
     @property
+    def sources(self) -> Path:
+        """Bare git repositories here are served to the node's pods at ``SOURCES_URL``."""
+        return self.dir / "sources"
+
+    @property
     def logs(self) -> dict[str, Path]:
         return {
             what: self.dir / "logs" / f"{what}.log"
-            for what in ("console", "init", "containerd", "kubelet")
+            for what in ("console", "init", "containerd", "kubelet", "git-daemon")
         }
 
     def registry(self, ca: Path) -> registry.Registry:
@@ -422,8 +434,9 @@ def prepare_kernel(echo: Echo) -> Path:
 
 
 def qemu_argv(
-    kernel: Path, node: Path, api_port: int, registry_port: int, memory_mb: int = 4096
-) -> list[str]:
+    kernel: Path, node: Path, api_port: int, registry_port: int, git_port: int,
+    memory_mb: int = 4096,
+) -> list[str]:  # fmt: skip
     version = kernel.name
     forward = "socat STDIO TCP:127.0.0.1:{}"
     netdev = ",".join(
@@ -433,6 +446,7 @@ def qemu_argv(
             "restrict=on",
             f"guestfwd=tcp:{API_GUEST}-cmd:{forward.format(api_port)}",
             f"guestfwd=tcp:{REGISTRY_GUEST}-cmd:{forward.format(registry_port)}",
+            f"guestfwd=tcp:{SOURCES_GUEST}-cmd:{forward.format(git_port)}",
         ]
     )
     # One vCPU, as the kernel tier: with two, a loaded host starved one TCG vCPU
@@ -482,13 +496,24 @@ def start(
     build.ensure(["kubernetes", "registry"], echo)
     kernel = prepare_kernel(echo)
     node = node_dir(cluster_dir)
-    for sub in ("logs", "cni", "share", "certs"):
+    for sub in ("logs", "cni", "share", "certs", "sources"):
         (node / sub).mkdir(parents=True, exist_ok=True)
     ca = pki / "ca.crt"
     password = secrets.token_urlsafe(24)
     reg = registry.start(node / "registry", "kmodkit", password, pki_dir=pki)
     started("registry", reg.pid)
     registry_port = int(reg.host.rsplit(":", 1)[1])
+    git_port = procs.free_port()
+    # Read-only (no receive-pack), on loopback: only the VM's guestfwd reaches it.
+    git_pid = procs.spawn(
+        [
+            GIT_DAEMON, "--reuseaddr", "--listen=127.0.0.1", f"--port={git_port}",
+            "--export-all", "--informative-errors", f"--base-path={node / 'sources'}",
+            str(node / "sources"),
+        ],
+        node / "logs" / "git-daemon.log",
+    )  # fmt: skip
+    started("git-daemon", git_pid)
     _client_cert(pki, node / "certs", name)
     server = f"https://127.0.0.1:{api_port}"
     (node / "kubelet.kubeconfig").write_text(
@@ -516,10 +541,10 @@ def start(
     )
     booted = time.monotonic()
     pid = procs.spawn(
-        qemu_argv(kernel, node, api_port, registry_port), node / "logs" / "console.log"
+        qemu_argv(kernel, node, api_port, registry_port, git_port), node / "logs" / "console.log"
     )
     started(QEMU, pid)
-    real = RealNode(name, node, pid, reg.host, reg.username, reg.password, reg.pid)
+    real = RealNode(name, node, pid, reg.host, reg.username, reg.password, reg.pid, git_pid)
     _wait_ready(real, kubeconfig)
     real = RealNode(**(asdict(real) | {"boot_seconds": round(time.monotonic() - booted, 1)}))
     (node / "node.json").write_text(json.dumps(asdict(real) | {"dir": str(node)}, indent=2))

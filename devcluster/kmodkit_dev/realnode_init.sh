@@ -40,6 +40,13 @@ writable() { # lower, mount point
 }
 writable "$NODE_MODULES" "/lib/modules/$(uname -r)"
 writable /usr/src /usr/src
+# The build link Debian's linux-headers package makes, so out-of-tree builds on the
+# node (the Tenstorrent builder's) find the headers this machine has.
+headers=/usr/src/linux-headers-$(uname -r)
+[ -d "$headers" ] && ln -sfn "$headers" "/lib/modules/$(uname -r)/build"
+# A driver's host files (tt-smi in /usr/local/bin, udev rules in /etc/udev) land here.
+writable /usr/local /usr/local
+writable /etc /etc
 # drm: the class (/sys/class/drm) a GPU node has and Intel's device plugin mounts.
 for module in virtio_net veth bridge br_netfilter nf_conntrack nf_nat drm \
 	nf_tables nft_chain_nat nft_compat nft_masq nft_nat nft_ct xt_MASQUERADE xt_nat \
@@ -47,6 +54,10 @@ for module in virtio_net veth bridge br_netfilter nf_conntrack nf_nat drm \
 	iptable_filter; do
 	modprobe "$module" || echo "node init: no module $module"
 done
+
+# Every mount shared, as systemd makes them at boot: pods that mount the root with
+# HostToContainer propagation (the Tenstorrent builder's /host) need it.
+mount --make-rshared /
 
 # cgroup v2, every controller delegated to the kubelet's tree.
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -62,7 +73,8 @@ mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
 hostname "$NODE_NAME"
 
 # qemu's user network (restrict=on): the guest is 10.0.2.15 and reaches nothing
-# but the guestfwd addresses, which lead to the apiserver and the registry.
+# but the guestfwd addresses, which lead to the apiserver, the registry and the
+# git daemon (pods reach that one at its guest address, SOURCES_URL).
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
