@@ -267,7 +267,7 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     rollout.done_at(VERSIONS[0])
     assert rollout.cordoned, "the takeover went through the rollout's cordon"
     assert node_labels(kube_api, real_node.name)[SMI] == "0.0.0-standin"
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).split("\n") == [
+    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().split("\n") == [
         "cache 2.0.0", "tt-smi", "udev-rule", "loaded 2.0.0",
     ]  # fmt: skip
 
@@ -276,7 +276,7 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     rollout = Rollout(kube_api)
     rollout.done_at(VERSIONS[1])
     assert rollout.cordoned
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).split("\n") == [
+    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().split("\n") == [
         "cache 2.0.0", "cache 2.1.0", "tt-smi", "udev-rule", "loaded 2.1.0",
     ]  # fmt: skip
 
@@ -284,7 +284,7 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     shutil.rmtree(kmd_repository)
     patch_spec(kube_api, {"version": VERSIONS[0]})
     Rollout(kube_api).done_at(VERSIONS[0])
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).endswith("loaded 2.0.0")
+    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.0.0")
 
     # 5. Drain off and a process holding the device: the new builder refuses to unload,
     # crash-loops and is named with the holder in the status, until forceUnload.
@@ -319,4 +319,4 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
         "the holder killed",
     )
     assert killed.status.container_statuses[0].state.terminated.exit_code == 137
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).endswith("loaded 2.1.0")
+    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.1.0")
