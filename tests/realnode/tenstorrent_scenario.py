@@ -35,7 +35,14 @@ from kmodkit_dev import realnode
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
-from tests.integration.test_tt_support import DRIVER, MERGE, status
+from tests.integration.test_tt_support import (
+    BUILDER_SELECTOR,
+    DRIVER,
+    create_policy,
+    delete_policy,
+    patch_policy,
+    status,
+)
 from tests.realnode import images
 from tests.realnode.test_migrate import node_pod, run_to_end
 from tests.realnode.test_module import STEP_TIMEOUT, node_labels
@@ -164,8 +171,7 @@ def operator(
 def clean_node(kube_api: Any, ns: str, image_refs: dict[str, str]) -> Iterator[None]:
     """Leaves the node as the test found it, the policy deleted while the operator runs."""
     yield
-    objects = client.CustomObjectsApi(kube_api)
-    objects.delete_cluster_custom_object(*DRIVER, POLICY)
+    delete_policy(kube_api, DRIVER, POLICY)
     wait_until(lambda: not builders(kube_api, ns), "the builder pods gone", timeout=STEP_TIMEOUT)
     core(kube_api).patch_node(realnode.NODE_NAME, {"spec": {"unschedulable": None}})
     on_node(kube_api, ns, image_refs, "clean", CLEAN)
@@ -176,11 +182,7 @@ def on_node(kube_api: Any, ns: str, image_refs: dict[str, str], name: str, scrip
 
 
 def builders(kube_api: Any, ns: str) -> list[Any]:
-    return list(
-        core(kube_api)
-        .list_namespaced_pod(ns, label_selector="app.kubernetes.io/name=tt-kmd-installer")
-        .items
-    )
+    return list(core(kube_api).list_namespaced_pod(ns, label_selector=BUILDER_SELECTOR).items)
 
 
 def policy(version: str) -> dict[str, Any]:
@@ -196,9 +198,7 @@ def policy(version: str) -> dict[str, Any]:
 
 
 def patch_spec(kube_api: Any, spec: dict[str, Any]) -> None:
-    client.CustomObjectsApi(kube_api).patch_cluster_custom_object(
-        *DRIVER, POLICY, {"spec": spec}, _content_type=MERGE
-    )
+    patch_policy(kube_api, DRIVER, POLICY, {"spec": spec})
 
 
 class Rollout:
@@ -243,11 +243,10 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     operator: Operator,
     clean_node: None,
 ) -> None:
-    objects = client.CustomObjectsApi(kube_api)
     # 1. DKMS's sources on the node: the builder stands by in host mode.
     plant = f"mkdir -p {DKMS_SOURCES} && echo PACKAGE_NAME=tenstorrent > {DKMS_SOURCES}/dkms.conf"
     on_node(kube_api, ns, image_refs, "plant", plant)
-    objects.create_cluster_custom_object(*DRIVER, policy(VERSIONS[0]))
+    create_policy(kube_api, DRIVER, policy(VERSIONS[0]))
     wait_until(
         lambda: (
             node_labels(kube_api, real_node.name).get(MODE) == "host"
