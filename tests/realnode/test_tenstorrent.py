@@ -11,11 +11,12 @@ air-gapped cluster's mirror is. tt-smi and the udev rule are the image's stand-i
 
 In order: DKMS sources planted on the node put the builder in host mode; once they are
 removed, the rollout takes the node over and the new builder clones, builds, caches,
-loads and labels; a version bump is rolled onto the node (cordoned, then uncordoned); with
-the repository gone, the way back down can only come from the node's build cache; with
-drain off, a process holding the device makes the new builder crash-loop, named in the
-policy's status, until forceUnload has it killed. Every label and status is written by the
-product's pods and the operator; the test only reads them and the node's files.
+loads and labels; a version bump is rolled onto the node (cordoned, then uncordoned); then
+the way back down, with the repository gone so that only the node's build cache can have
+it, and with drain off and a process holding the device, which makes the new builder
+crash-loop, named in the policy's status, until forceUnload has it killed. Every label and
+status is written by the product's pods and the operator; the test only reads them and the
+node's files.
 """
 
 from __future__ import annotations
@@ -279,14 +280,9 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
         "cache 2.0.0", "cache 2.1.0", "tt-smi", "udev-rule", "loaded 2.1.0",
     ]  # fmt: skip
 
-    # 4. Back down with the repository gone: only the node's cache can have it.
-    shutil.rmtree(kmd_repository)
-    patch_spec(kube_api, {"version": VERSIONS[0]})
-    Rollout(kube_api).done_at(VERSIONS[0])
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.0.0")
-
-    # 5. Drain off and a process holding the device: the new builder refuses to unload,
-    # crash-loops and is named with the holder in the status, until forceUnload.
+    # 4. Back down, with the repository gone (only the node's cache can have 2.0.0), drain
+    # off and a process holding the device: the new builder refuses to unload, crash-loops
+    # and is named with the holder in the status, until forceUnload has the holder killed.
     holder = pod(
         "holder",
         image_refs[images.BUSYBOX],
@@ -299,7 +295,8 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     )
     core(kube_api).create_namespaced_pod(ns, holder)
     wait_until(lambda: read(kube_api, ns, "holder").status.phase == "Running", "the holder runs")
-    patch_spec(kube_api, {"version": VERSIONS[1], "upgradePolicy": {"drain": {"enable": False}}})
+    shutil.rmtree(kmd_repository)
+    patch_spec(kube_api, {"version": VERSIONS[0], "upgradePolicy": {"drain": {"enable": False}}})
     entry = wait_until(
         lambda: (e := Rollout(kube_api).node_entry()).get("reason") == "BuilderCrashLoop" and e,
         "the builder crash-looping on the held device",
@@ -309,13 +306,13 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     assert entry["state"] == "Failed", entry
     assert "(sleep)" in entry["message"] and "pid " in entry["message"], entry
     assert read(kube_api, ns, "holder").status.phase == "Running"
-    assert node_labels(kube_api, real_node.name)[KMD] == VERSIONS[0]  # nothing unloaded
+    assert node_labels(kube_api, real_node.name)[KMD] == VERSIONS[1]  # nothing unloaded
 
     patch_spec(kube_api, {"upgradePolicy": {"forceUnload": True}})
-    Rollout(kube_api).done_at(VERSIONS[1])
+    Rollout(kube_api).done_at(VERSIONS[0])
     killed = wait_until(
         lambda: (p := read(kube_api, ns, "holder")).status.phase == "Failed" and p,
         "the holder killed",
     )
     assert killed.status.container_statuses[0].state.terminated.exit_code == 137
-    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.1.0")
+    assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.0.0")
