@@ -51,8 +51,9 @@ THROTTLED = Counter(
 class WriteSettings:
     max_in_flight: int = 32
     """Writes of the engine's passes in flight at once, across all passes."""
-    qps: float = 50.0
-    """Client-side write rate (requests per second, sustained); 0 turns the limiter off."""
+    qps: float = 0.0
+    """Client-side write rate (requests per second, sustained); 0, the default, leaves the
+    pacing to the apiserver's Priority and Fairness and the in-flight bound."""
     burst: int = 100
     """Writes allowed at once above the sustained rate, after a quiet spell."""
     max_retry_after_seconds: float = 30.0
@@ -64,7 +65,7 @@ class WriteSettings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> WriteSettings:
         return cls(
             max_in_flight=max(1, int(env.get("KMODKIT_WRITE_CONCURRENCY", "32"))),
-            qps=max(0.0, float(env.get("KMODKIT_WRITE_QPS", "50"))),
+            qps=max(0.0, float(env.get("KMODKIT_WRITE_QPS", "0"))),
             burst=max(1, int(env.get("KMODKIT_WRITE_BURST", "100"))),
         )
 

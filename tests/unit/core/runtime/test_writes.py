@@ -292,3 +292,18 @@ def test_nodes_gaining_readiness_are_labelled_before_any_node_loses_it() -> None
     assert controller._label_nodes(changes, body, UnseenWrites()) == []
     assert kube.early == []
     assert kube.waiting == set()
+
+
+def test_by_default_the_apiserver_paces_the_writes_and_a_rate_is_a_setting() -> None:
+    """Client-side pacing is off unless asked for: the in-flight bound and Priority and
+    Fairness pace the writes (a 50-a-second default capped a 1,000-node rollout at 60 s)."""
+    default = WriteSettings.from_env({})
+    assert default.qps == 0 and default.max_in_flight == 32
+    slept: list[float] = []
+    throttle = Throttle(default, clock=lambda: 0.0, sleep=slept.append)
+    ok = Answers(*[Resp(201) for _ in range(500)])
+    for _ in range(500):
+        throttle.send(ok, "POST", "/x")
+    assert slept == []
+    paced = WriteSettings.from_env({"KMODKIT_WRITE_QPS": "20", "KMODKIT_WRITE_BURST": "5"})
+    assert (paced.qps, paced.burst) == (20.0, 5)
