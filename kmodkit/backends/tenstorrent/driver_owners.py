@@ -29,7 +29,7 @@ from kmodkit.backends.tenstorrent.owned_affinity import (
     MAX_TERMS,
     Term,
     affinity_terms,
-    matches,
+    matcher,
     own_requirements,
     owned_terms,
     render,
@@ -94,9 +94,11 @@ def _held(
     nodes: Sequence[NodeView],
 ) -> dict[str, str]:
     mine = names.label_value(policy)
-    current = [t for ds in own_sets for t in (_template_terms(ds) or [])]
+    # Each set of terms is compiled once: a DaemonSet holding many nodes back names each.
+    wanted_here = matcher(wanted)
+    placed = matcher([t for ds in own_sets for t in (_template_terms(ds) or [])])
     others = [
-        (_policy_label(ds), _template_terms(ds))
+        (_policy_label(ds), matcher(_template_terms(ds)))
         for ds in view.watched.get(BUILDER_SETS, ())
         if _policy_label(ds) != mine
     ]
@@ -107,13 +109,11 @@ def _held(
             pods.setdefault(on, str((pod.get("metadata") or {}).get("name", "")))
     held: dict[str, str] = {}
     for node in nodes:
-        if not matches(wanted, node.name, node.labels):
+        if not wanted_here(node.name, node.labels):
             continue
-        if own_sets and matches(current, node.name, node.labels):
+        if own_sets and placed(node.name, node.labels):
             continue  # already placed there: holding it now would remove this policy's builder
-        placing = next(
-            (label for label, terms in others if matches(terms, node.name, node.labels)), None
-        )
+        placing = next((label for label, places in others if places(node.name, node.labels)), None)
         if placing is not None:
             held[node.name] = (
                 f"the builder DaemonSet of driver policy {placing} still places its builder on "

@@ -19,12 +19,12 @@ is capped (``MAX_TERMS``): past it the caller reports the overlap and keeps
 the policy off the other policies' nodes by name instead.
 
 ``matches`` evaluates node selector terms as the scheduler does; the plan uses
-it to see where another policy's DaemonSet places builders.
+it (``matcher``, for many nodes) to see where another policy's DaemonSet places builders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,20 +262,49 @@ def _expression_holds(expr: Mapping[str, Any], value: str | None) -> bool:
     return False
 
 
+def matcher(
+    terms: Sequence[Mapping[str, Any]] | None,
+) -> Callable[[str, Mapping[str, str]], bool]:
+    """``matches`` for one set of terms, to ask of many nodes.
+
+    A term keeps a node off by name with one ``metadata.name NotIn [node]`` field per node
+    (``render``; the apiserver takes one value per name field), so a DaemonSet that holds
+    back many nodes has that many fields. They are gathered into one set per term here, once:
+    asked of every node of the fleet, each question costs a lookup, not a scan of the fields.
+    """
+    if terms is None:
+        return lambda _name, _labels: True
+    compiled: list[tuple[list[Mapping[str, Any]], frozenset[str], list[Mapping[str, Any]]]] = []
+    for term in terms:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue  # an empty term matches nothing
+        excluded: set[str] = set()
+        other_fields = []
+        for f in fields:
+            if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "NotIn":
+                excluded.update(v for v in f.get("values") or [] if isinstance(v, str))
+            else:
+                other_fields.append(f)
+        compiled.append((list(exprs), frozenset(excluded), other_fields))
+
+    def match(node_name: str, node_labels: Mapping[str, str]) -> bool:
+        for exprs, excluded, fields in compiled:
+            if node_name in excluded:
+                continue
+            if all(_expression_holds(e, node_labels.get(str(e.get("key")))) for e in exprs) and all(
+                f.get("key") == NODE_NAME_FIELD and _expression_holds(f, node_name) for f in fields
+            ):
+                return True
+        return False
+
+    return match
+
+
 def matches(
     terms: Sequence[Mapping[str, Any]] | None, node_name: str, node_labels: Mapping[str, str]
 ) -> bool:
     """Whether required node selector terms admit a node, as the scheduler decides it:
     terms ORed, a term's expressions and fields ANDed, an empty term matching nothing."""
-    if terms is None:
-        return True
-    for term in terms:
-        exprs = term.get("matchExpressions") or []
-        fields = term.get("matchFields") or []
-        if not exprs and not fields:
-            continue
-        if all(_expression_holds(e, node_labels.get(str(e.get("key")))) for e in exprs) and all(
-            f.get("key") == NODE_NAME_FIELD and _expression_holds(f, node_name) for f in fields
-        ):
-            return True
-    return False
+    return matcher(terms)(node_name, node_labels)
