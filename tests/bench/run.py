@@ -1,5 +1,8 @@
 """``make bench``: speed and memory of the engine, measured (never asserted in tests).
 
+0. One reconcile pass of each backend resource (Tenstorrent driver and firmware policies,
+   Intel's ClusterPolicy) over a large fleet, in operator CPU, without a cluster
+   (tests/bench/passes.py).
 1. The pure loader plan over a large fleet: time per pass and peak memory.
 2. For each fleet size, a fresh devcluster of kwok nodes and, in the same run:
    the raw apiserver baseline (the writes any controller must make, done directly:
@@ -10,10 +13,10 @@
    restart (time to the first full pass, and its writes), and 50 nodes joining
    one at a time (time until each has its loader pod, p99).
 
-Sizes are settings: BENCH_PLAN_NODES (default 10000) and BENCH_SIZES (comma
-separated, default 300,1000). Every figure is printed as a JSON line, then the
-table. ``--docs`` writes the table and the plot into docs/performance.md and
-docs/performance.svg.
+Sizes are settings: BENCH_PASS_NODES (default 1000), BENCH_PLAN_NODES (default
+10000) and BENCH_SIZES (comma separated, default 300,1000). Every figure is
+printed as a JSON line, then the table. ``--docs`` writes the table and the plot
+into docs/performance.md and docs/performance.svg.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.nodes import NodeView
 from kmodkit_dev.nodes import KERNELS
-from tests.bench import report
+from tests.bench import passes, report
 from tests.bench.fleet import Figures, Fleet, module_body
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -41,6 +44,11 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 def emit(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def bench_passes(n: int) -> None:
+    for figures in passes.measure(n):
+        emit(**figures)
 
 
 def bench_plan(n: int) -> None:
@@ -92,6 +100,7 @@ def write_docs(rows: list[Figures]) -> None:
 
 
 def main() -> None:
+    bench_passes(int(os.environ.get("BENCH_PASS_NODES", str(passes.DEFAULT_NODES))))
     bench_plan(int(os.environ.get("BENCH_PLAN_NODES", "10000")))
     sizes = [int(s) for s in os.environ.get("BENCH_SIZES", "300,1000").split(",") if s]
     rows = [bench_fleet(n) for n in sizes]
