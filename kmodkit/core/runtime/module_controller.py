@@ -87,9 +87,15 @@ log = logging.getLogger("kmodkit.engine")
 
 MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
 CONSUMER_RECHECK_SECONDS = 5.0
+"""How soon a pass looks again at pods still gated on a node's labels before unloading it."""
 RETRY_FAILED_SECONDS = 30.0
 """How soon a pass whose writes were refused tries them again."""
-"""How soon a pass looks again at pods still gated on a node's labels before unloading it."""
+CREATE_SLICE_SECONDS = 5.0
+"""How long one pass creates loader pods before it ends and the next pass labels the nodes
+whose pods turned ready meanwhile: without a slice, a new Module over 10,000 nodes would
+label its first node only once every pod was created, a minute or more later."""
+NEXT_SLICE_SECONDS = 0.05
+"""How soon the pass after a cut-short creation starts."""
 
 
 @dataclass(frozen=True)
@@ -330,12 +336,15 @@ class ModuleController:
             for job_name, reported in builds.reported.items()
             if job_name not in unposted
         )
-        failures += self._apply_pods(final, owner, ns, unseen)
+        # Labels before pods: they follow the pods this pass saw, so they need none of its
+        # creations, and a node whose pod turned ready is labelled before the next slice.
         failures += self._label_nodes(
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
             body,
             unseen,
         )
+        pod_failures, cut_short = self._apply_pods(final, owner, ns, unseen)
+        failures += pod_failures
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
         failures += self._apply_device_plugin(plugin, owner, ns)
         self._report_decisions(final, body)
@@ -357,6 +366,7 @@ class ModuleController:
                 self.settings.recheck_seconds if waiting else None,
                 CONSUMER_RECHECK_SECONDS if held else None,
                 RETRY_FAILED_SECONDS if failures else None,
+                NEXT_SLICE_SECONDS if cut_short else None,
                 unseen.next_due(),
             )
             if t
@@ -408,30 +418,37 @@ class ModuleController:
 
     def _apply_pods(
         self, final: LoaderPlan, owner: Mapping[str, Any], ns: str, unseen: UnseenWrites
-    ) -> list[str]:
+    ) -> tuple[list[str], bool]:
         """Create, then delete; a refused call is one failure (returned, with the API's
-        message), and the rest of the pass goes on."""
-        # Creations first, all of them, then deletions: a pod is deleted only once the
-        # pod that takes over its record (a successor, an unloader) exists.
+        message), and the rest of the pass goes on. Creations run for one slice of time;
+        whether some were left for the next pass is returned too."""
+        # Creations first, then deletions: a pod is deleted only once the pod that takes
+        # over its record (a successor, an unloader) exists.
         create = [p for p in final.create if not unseen.unseen(_pod_write(p["metadata"]["name"]))]
         for pod in create:
             pod["metadata"]["ownerReferences"] = [owner]
-        made = self.writes.run(
-            Write(f"creating Pod {ns}/{pod['metadata']['name']}", _bind(self.kube.create, pod))
-            for pod in create
+        made = self.writes.run_for(
+            [
+                Write(f"creating Pod {ns}/{pod['metadata']['name']}", _bind(self.kube.create, pod))
+                for pod in create
+            ],
+            CREATE_SLICE_SECONDS,
         )
-        refused = {pod["spec"]["nodeName"] for pod, said in zip(create, made, strict=True) if said}
-        for pod, said in zip(create, made, strict=True):
+        sent, later = create[: len(made)], create[len(made) :]
+        # A node whose creation was refused or left for later keeps its old pods.
+        kept = {p["spec"]["nodeName"] for p in later}
+        kept |= {pod["spec"]["nodeName"] for pod, said in zip(sent, made, strict=True) if said}
+        for pod, said in zip(sent, made, strict=True):
             if said is None:
                 unseen.landed(_pod_write(pod["metadata"]["name"]))
         failures = [said for said in made if said is not None]
         failures += self.writes.failures(
             Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
             for node, names in final.deletes_by_node.items()
-            if node not in refused
+            if node not in kept
             for pod_name in names
         )
-        return failures
+        return failures, bool(later)
 
     def _apply_device_plugin(
         self, plugin: DevicePluginPlan, owner: Mapping[str, Any], ns: str
@@ -598,7 +615,8 @@ class ModuleController:
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
         unseen = self._unseen(ns, name, pods)
-        failures = self._apply_pods(removal, owner, ns, unseen)
+        # A creation left for later (a fleet-wide removal) is made by the next try below.
+        failures, _ = self._apply_pods(removal, owner, ns, unseen)
         failures += self._label_nodes(
             _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body, unseen
         )

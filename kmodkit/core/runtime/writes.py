@@ -201,6 +201,20 @@ class WritePool:
                 raise r
         return [r for r in results if not isinstance(r, BaseException)]
 
+    def run_for(
+        self, writes: Sequence[Write], seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> list[str | None]:
+        """``run`` in rounds of twice the pool's width until all are done or ``seconds``
+        have passed (one round at least); the results of those run, a prefix of ``writes``."""
+        deadline = clock() + seconds
+        results: list[str | None] = []
+        width = 2 * self.max_in_flight
+        for start in range(0, len(writes), width):
+            if results and clock() >= deadline:
+                break
+            results += self.run(writes[start : start + width])
+        return results
+
     def failures(self, writes: Iterable[Write]) -> list[str]:
         return [r for r in self.run(writes) if r is not None]
 

@@ -556,9 +556,15 @@ class LoaderMachine(RuleBasedStateMachine):
             writes += 1
             return writes - 1 != refuse_at
 
-        # Creations first, then deletions by node (none for a node whose creation was
-        # refused), then the labels, one patch per node in name order: _apply_pods and
-        # _label_nodes.
+        # The labels first, one patch per node in name order (_label_nodes), then the
+        # creations, then deletions by node (none for a node whose creation was refused):
+        # _apply_pods.
+        for node, change in sorted(p.node_labels.items()):
+            go = attempt(node)
+            if go is None:
+                return writes
+            if go:
+                self._label(self.nodes[node], change, node in serving, node in has_ready)
         for body in p.create:
             node = body["spec"]["nodeName"]
             go = attempt(node)
@@ -577,12 +583,6 @@ class LoaderMachine(RuleBasedStateMachine):
                     pod = self.pods.get(pod_name)
                     _check(pod is None or pod.node in names, f"{pod_name}: on a missing node")
                     self._watched(node, functools.partial(self._delete, pod_name))
-        for node, change in sorted(p.node_labels.items()):
-            go = attempt(node)
-            if go is None:
-                return writes
-            if go:
-                self._label(self.nodes[node], change, node in serving, node in has_ready)
         return writes
 
     def _watched(self, node: str, write: Callable[[], None]) -> None:

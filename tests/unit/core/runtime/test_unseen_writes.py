@@ -122,5 +122,5 @@ def test_a_refused_write_is_not_remembered() -> None:
     kube.create = refuse  # type: ignore[method-assign]
     controller = _controller(kube)
     final = LoaderPlan(create=[{"metadata": {"name": "xe-n1"}, "spec": {"nodeName": "n1"}}])
-    assert controller._apply_pods(final, {"kind": "Module"}, NS, unseen)
+    assert controller._apply_pods(final, {"kind": "Module"}, NS, unseen)[0]
     assert unseen.next_due() is None

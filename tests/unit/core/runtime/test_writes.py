@@ -250,7 +250,8 @@ def test_each_successor_pod_exists_before_its_predecessor_is_deleted() -> None:
         create=[{"metadata": {"name": f"new-{n}"}, "spec": {"nodeName": n}} for n in nodes],
         deletes_by_node={n: [f"old-{n}"] for n in nodes},
     )
-    failures = controller._apply_pods(final, {"kind": "Module"}, "ns", UnseenWrites())
+    failures, cut_short = controller._apply_pods(final, {"kind": "Module"}, "ns", UnseenWrites())
+    assert not cut_short
     assert failures == ["creating Pod ns/new-n7: Forbidden"]
     assert kube.order_broken == []
     # The node whose successor was refused keeps its pod; every other is swapped.
