@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 
 from kmodkit.core.nodes import slim_node
-from kmodkit.core.runtime.informer import Informer
+from kmodkit.core.runtime.informer import Informer, Lister, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import procs
@@ -47,8 +47,15 @@ class Watching:
     """An Informer on nodes, run in an event loop on a thread of its own; the test
     reads its cache and the changes its subscriber was given."""
 
-    def __init__(self, kubeconfig: Path, server: str, **informer_args: Any) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        server: str,
+        lister: Callable[[aclient.ApiClient], Lister] | None = None,
+        **informer_args: Any,
+    ) -> None:
         self.kubeconfig, self.server, self.args = kubeconfig, server, informer_args
+        self.lister = lister or (lambda api: aclient.CoreV1Api(api).list_node)
         self.loop = asyncio.new_event_loop()
         self.changes: list[Change[dict[str, Any]]] = []
         self.informer: Informer[dict[str, Any]] | None = None
@@ -74,9 +81,7 @@ class Watching:
         await aconfig.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
         cfg.host = self.server
         self._api = aclient.ApiClient(cfg)
-        self.informer = Informer(
-            "nodes", aclient.CoreV1Api(self._api).list_node, view=slim_node, **self.args
-        )
+        self.informer = Informer("watched", self.lister(self._api), view=slim_node, **self.args)
         self.informer.subscribe(self.changes.extend)
         self.informer.start()
 
@@ -315,3 +320,81 @@ def test_history_compacted_while_the_watch_was_down_makes_a_410_and_a_relist(
         assert w.uids() == {a: uids[a], c: uids[c]}
         assert ("", b) in [ch.key for ch in w.changes if ch.new is None]
         assert int(w.it.cache.resource_version) >= compacted
+
+
+def test_a_kind_named_by_its_resource_is_listed_in_every_namespace_by_selector(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    """A backend's watch (``kind_lister``): the core group's path, every namespace, and the
+    selector applied by the apiserver."""
+    core: Any = client.CoreV1Api(kube_api)
+    spaces = [f"inf-{tag}-{i}" for i in range(2)]
+    for ns in spaces:
+        core.create_namespace({"metadata": {"name": ns}})
+    try:
+        for ns in spaces:
+            for name, pool in (("in", tag), ("out", "other")):
+                core.create_namespaced_config_map(
+                    ns, {"metadata": {"name": name, "labels": {LABEL: pool}}}
+                )
+        lister = kind_lister("", "v1", "configmaps")
+        with Watching(
+            dev_cluster.kubeconfig, dev_cluster.server, lister, label_selector=f"{LABEL}={tag}"
+        ) as w:
+            wait_until(lambda: set(w.it.views()) == {(ns, "in") for ns in spaces}, "listed")
+            core.patch_namespaced_config_map(
+                "out", spaces[0], {"metadata": {"labels": {LABEL: tag}}}
+            )
+            wait_until(lambda: (spaces[0], "out") in w.it.views(), "the relabelled one watched")
+            assert w.it.lists == 1
+    finally:
+        for ns in spaces:
+            core.delete_namespace(ns)
+
+
+def test_a_kind_not_served_is_none_until_it_is_then_it_is_watched(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    """A watched CRD not installed (404) is an empty, synced cache, so the operator's passes
+    are not held; it is looked for again and filled once the CRD is there."""
+    group, plural = f"t{tag}.kmodkit.test", "gadgets"
+    ext: Any = client.ApiextensionsV1Api(kube_api)
+    objs: Any = client.CustomObjectsApi(kube_api)
+    lister = kind_lister(group, "v1", plural)
+    with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=(0.2, 1.0)) as w:
+        wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
+        assert w.it.views() == {}
+        ext.create_custom_resource_definition(
+            {
+                "metadata": {"name": f"{plural}.{group}"},
+                "spec": {
+                    "group": group,
+                    "scope": "Cluster",
+                    "names": {"plural": plural, "singular": "gadget", "kind": "Gadget"},
+                    "versions": [
+                        {
+                            "name": "v1",
+                            "served": True,
+                            "storage": True,
+                            "schema": {"openAPIV3Schema": {"type": "object"}},
+                        }
+                    ],
+                },
+            }
+        )
+        try:
+            body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
+            wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
+            wait_until(lambda: ("", "g1") in w.it.views(), "the new kind's object watched")
+        finally:
+            ext.delete_custom_resource_definition(f"{plural}.{group}")
+
+
+def _created(objs: Any, group: str, plural: str, body: dict[str, Any]) -> bool:
+    try:
+        objs.create_cluster_custom_object(group, "v1", plural, body)
+    except client.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True

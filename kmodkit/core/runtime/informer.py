@@ -16,6 +16,10 @@ by a little, but never partial, and partial is what a pass must not see.
 
 Selectors are sent to the apiserver: only matching objects are sent, and an
 object that stops matching arrives as DELETED.
+
+A kind the apiserver does not serve (404: a CRD not installed, an API group the
+cluster lacks) has no objects: the cache is empty and synced, and the kind is
+listed again now and then (the backoff's longest wait), so it fills once served.
 """
 
 from __future__ import annotations
@@ -56,6 +60,55 @@ class StatusError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+class NotServed(Exception):
+    """The apiserver does not serve the kind (404 on the list)."""
+
+
+QUERY_NAMES = {
+    "limit": "limit",
+    "_continue": "continue",
+    "label_selector": "labelSelector",
+    "field_selector": "fieldSelector",
+    "watch": "watch",
+    "resource_version": "resourceVersion",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "timeout_seconds": "timeoutSeconds",
+}
+"""The informer's list and watch parameters, as the generated clients name them and as
+the apiserver does."""
+
+
+def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiClient], Lister]:
+    """The list (and watch) call of every object of one kind, in every namespace, for any
+    kind the apiserver may serve (``/api/v1/pods``, ``/apis/apps/v1/daemonsets``, a CRD's):
+    what a backend declares to watch, for which no generated call is named."""
+    path = f"/apis/{group}/{version}/{plural}" if group else f"/api/{version}/{plural}"
+
+    def lister(api: aclient.ApiClient) -> Lister:
+        async def call(
+            *, _preload_content: bool = False, _request_timeout: Any = None, **params: Any
+        ) -> Any:
+            query = [
+                (QUERY_NAMES[k], str(v).lower() if isinstance(v, bool) else v)
+                for k, v in params.items()
+                if v is not None
+            ]
+            untyped: Any = api  # call_api has no annotations
+            return await untyped.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=_preload_content,
+                _request_timeout=_request_timeout,
+            )
+
+        return call
+
+    return lister
 
 
 async def api_client() -> aclient.ApiClient:
@@ -158,6 +211,10 @@ class Informer(Generic[V]):
                 log.info("%s: history gone (%s); listing again", self.name, err)
                 listed = False
                 continue
+            except NotServed:
+                # Said once; the kind is looked for again at every backoff.
+                level = logging.DEBUG if self.lists > 1 else logging.INFO
+                log.log(level, "%s: not served by the apiserver; none there", self.name)
             except asyncio.CancelledError:
                 raise
             except StatusError as err:
@@ -190,7 +247,16 @@ class Informer(Generic[V]):
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 **self._selectors,
             )
-            body = await _json(resp)
+            try:
+                body = await _json(resp)
+            except StatusError as err:
+                if err.status != 404 or token is not None:
+                    raise
+                # Not served: there is none of it, which a pass may rely on as on any list.
+                self._deliver(self.cache.replace_entries({}, ""))
+                self.lists += 1
+                self.synced.set()
+                raise NotServed(str(err)) from err
             meta = body.get("metadata") or {}
             # Every page is served from the first page's snapshot.
             version = version or str(meta.get("resourceVersion") or "")

@@ -125,3 +125,10 @@ class InformerCache(Generic[V]):
         if before is not None and before.view == entry.view:
             return None
         return Change(key, None if before is None else before.view, entry.view)
+
+
+def without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The object as listed, less ``metadata.managedFields``: often its largest part, and
+    read by no plan."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {**obj, "metadata": meta}

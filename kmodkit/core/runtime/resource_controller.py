@@ -19,16 +19,19 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
-from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource
+from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource, Watch
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.events import CONDITION_REPEAT_SECONDS, node_reference
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.informer import kind_lister
+from kmodkit.core.runtime.informer_cache import Change, without_managed_fields
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
-from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
+from kmodkit.core.runtime.owned_index import OwnedIndex
+from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, Shared
 
 log = logging.getLogger("kmodkit.controller")
 
@@ -62,6 +65,8 @@ class ResourceController:
         self.shared = shared
         self.resync_seconds = resync_seconds
         self._dynamic: Any = None
+        self._watched_objects: dict[str, OwnedIndex[None, Obj]] = {}
+        """Per watch of the backend's, what its informer holds."""
 
     @property
     def _id(self) -> str:
@@ -71,36 +76,12 @@ class ResourceController:
         crd = self.resource.crd
         wakeups = self.shared.wakeups
         kind_key = ("backend", crd.group, crd.plural)
-        watch_ids = {w.name: f"{self._id}.watch.{w.name}" for w in self.resource.watches}
         owned_ids = [f"{self._id}.owned.{o.kind.lower()}" for o in self.resource.owns]
 
+        # A backend's watches may be fleet-sized (its pods on every node, a claim per
+        # workload): informers, with the labels as a server-side selector, not kopf.
         for w in self.resource.watches:
-
-            def index_all(body: kopf.Body, **_: Any) -> dict[None, Obj]:
-                return {None: dict(body)}
-
-            kopf.index(
-                w.group,
-                w.version,
-                w.plural,
-                id=watch_ids[w.name],
-                labels=dict(w.labels) or None,
-                registry=registry,
-            )(index_all)
-            if not w.wakes:
-                continue
-
-            async def watched_changed(**_: Any) -> None:
-                wakeups.wake_all()  # narrow enough: watches are label-filtered
-
-            kopf.on.event(
-                w.group,
-                w.version,
-                w.plural,
-                id=f"{watch_ids[w.name]}.event",
-                labels=dict(w.labels) or None,
-                registry=registry,
-            )(watched_changed)
+            self.shared.watch(self._watch_spec(w, f"{self._id}.watch.{w.name}"))
 
         owner_filter = {OWNER_UID_LABEL: kopf.PRESENT}
         for owned, owned_id in zip(self.resource.owns, owned_ids, strict=True):
@@ -143,7 +124,7 @@ class ResourceController:
             uid: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any
         ) -> None:
             def one_pass() -> float | None:
-                watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
+                watched = self._watched()
                 owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
                 return self.reconcile(dict(body), watched, owned)
 
@@ -168,7 +149,7 @@ class ResourceController:
                     raise kopf.TemporaryError(
                         "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
                     )
-                watched = {name: list(kwargs[i].get(None, [])) for name, i in watch_ids.items()}
+                watched = self._watched()
                 owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
                 if self.resource.hold_deletion is not None:
                     held = self.resource.hold_deletion(
@@ -192,6 +173,28 @@ class ResourceController:
                         plan.rollout.policy_id,
                         list(self.shared.node_objects.values()),
                     )
+
+    def _watch_spec(self, w: Watch, name: str) -> InformerSpec:
+        index: OwnedIndex[None, Obj] = OwnedIndex()
+        self._watched_objects[w.name] = index
+        wakeups = self.shared.wakeups
+
+        def changed(changes: Sequence[Change[tuple[None, Obj]]]) -> None:
+            index.apply(changes)
+            if w.wakes:
+                wakeups.wake_all()  # narrow enough: watches are label-filtered
+
+        return InformerSpec(
+            name,
+            kind_lister(w.group, w.version, w.plural),
+            lambda obj: (None, without_managed_fields(obj)),
+            ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
+            changed,
+            index.clear,
+        )
+
+    def _watched(self) -> dict[str, list[Obj]]:
+        return {name: index.get(None) for name, index in self._watched_objects.items()}
 
     def _view(self, watched: Mapping[str, Sequence[Obj]], owned: Sequence[Obj]) -> ClusterView:
         return ClusterView(

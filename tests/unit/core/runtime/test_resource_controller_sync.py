@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from kmodkit.core.contract.backend import ClusterView, Plan, Resource, Watch
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 from kmodkit.core.schema.crd import CrdSource
@@ -40,18 +41,32 @@ def test_a_backend_pass_on_an_unsynced_node_cache_plans_nothing() -> None:
     assert planned == []
 
 
-def test_a_watch_that_does_not_wake_is_indexed_but_replans_nothing() -> None:
+def test_watches_are_informers_with_server_side_selectors_and_wake_as_declared() -> None:
     crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
     shared = Shared(kube=NoKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
     watches = (
-        Watch(name="pods", group="", version="v1", plural="pods"),
+        Watch(name="pods", group="", version="v1", plural="pods", labels={"app": "a", "b": "c"}),
         Watch(name="sets", group="apps", version="v1", plural="daemonsets", wakes=False),
     )
     resource = Resource(crd=crd, model=Empty, plan=lambda _b, _v: Plan(), watches=watches)
     registry = kopf.OperatorRegistry()
-    ResourceController("acme", resource, shared).register(registry)
-    indexed = {str(h.id) for h in registry._indexing.get_all_handlers()}
-    on_event = {str(h.id) for h in registry._watching.get_all_handlers()}
-    assert {"acme.widgets.watch.pods", "acme.widgets.watch.sets"} <= indexed
-    assert "acme.widgets.watch.pods.event" in on_event
-    assert "acme.widgets.watch.sets.event" not in on_event
+    controller = ResourceController("acme", resource, shared)
+    controller.register(registry)
+    # Nothing of them is left to kopf, which would watch every pod and filter here.
+    assert not [str(h.id) for h in registry._indexing.get_all_handlers() if ".watch." in h.id]
+    specs = {spec.name: spec for spec in shared.watches}
+    pods, sets = specs["acme.widgets.watch.pods"], specs["acme.widgets.watch.sets"]
+    assert (pods.label_selector, sets.label_selector) == ("app=a,b=c", "")
+
+    woken = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-1"))
+    raw = {"metadata": {"name": "p", "namespace": "n", "managedFields": [{"manager": "x"}]}}
+    sets.subscriber([Change(("n", "ds"), None, sets.view({"metadata": {"name": "ds"}}))])
+    assert not woken.is_set()
+    pods.subscriber([Change(("n", "p"), None, pods.view(raw))])
+    assert woken.is_set()
+    assert controller._watched() == {
+        "pods": [{"metadata": {"name": "p", "namespace": "n"}}],
+        "sets": [{"metadata": {"name": "ds"}}],
+    }
+    pods.forget()
+    assert controller._watched()["pods"] == []
