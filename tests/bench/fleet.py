@@ -1,4 +1,5 @@
-"""The real operator (``kmodkit run``) over a kwok fleet: convergence, writes, restart, joins.
+"""The real operator (``kmodkit run``) over a kwok fleet: convergence, writes, restart, joins,
+and a Module update rolled across the fleet within its ``maxUnavailable`` budget.
 
 The operator authenticates as a ServiceAccount so the apiserver's audit log (which
 records service accounts' requests, never a body) counts its writes: that count is
@@ -8,6 +9,8 @@ the apiserver's, not the operator's own opinion of what it sent.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import secrets
 import tempfile
@@ -33,6 +36,10 @@ READY = f"kmm.node.kubernetes.io/{NS}.bench.ready"
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 IDLE_SECONDS = 60
 JOINS = 50
+ROLLOUT_REPO = "bench-next"
+"""The repository of the images the rollout step moves every node to (one per kernel)."""
+SIMULATE_READY_AFTER = "kmodkit.io/simulate-ready-after"
+"""A pod tolerating this taint turns Ready only this long after it is bound (kwok's stages)."""
 
 
 @dataclass
@@ -48,10 +55,59 @@ class Figures:
     restart_s: float = 0.0
     restart_writes: int = 0
     join_p99_s: float = 0.0
+    rollout_nodes: int = 0
+    rollout_max_unavailable: int = 0
+    rollout_swap_s: float = 0.0
+    rollout_s: float = 0.0
+    rollout_bound_s: float = 0.0
+    rollout_ratio: float = 0.0
+    rollout_writes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
         return self.converge_s / self.baseline_s if self.baseline_s else 0.0
+
+
+def rollout_settings() -> tuple[int, float]:
+    """The rollout step's budget (maxUnavailable, nodes) and simulated swap time (s)."""
+    budget = int(os.environ.get("BENCH_ROLLOUT_MAX_UNAVAILABLE", "50"))
+    swap = float(os.environ.get("BENCH_ROLLOUT_SWAP_SECONDS", "5"))
+    if budget < 1 or swap <= 0:
+        raise ValueError(
+            "BENCH_ROLLOUT_MAX_UNAVAILABLE must be >= 1, BENCH_ROLLOUT_SWAP_SECONDS > 0"
+        )
+    return budget, swap
+
+
+def rollout_bound(nodes: int, budget: int, swap_s: float) -> float:
+    """The wall time no rollout within the budget can beat: every wave of ``budget``
+    nodes takes the swap time, and ``nodes`` need ceil(nodes / budget) waves."""
+    return math.ceil(nodes / budget) * swap_s
+
+
+def rollout_patch(image: str, budget: int, swap_s: float) -> dict[str, Any]:
+    """The Module change the rollout step makes: a new module image (a change of what the
+    kernel loads, so every node unloads and loads again, within the budget) whose loader
+    pods turn Ready ``swap_s`` after they are bound."""
+    return {
+        "spec": {
+            "rollout": {"maxUnavailable": budget},
+            "tolerations": [
+                {
+                    "key": SIMULATE_READY_AFTER,
+                    "operator": "Equal",
+                    "value": f"{swap_s:g}s",
+                    "effect": "NoSchedule",
+                }
+            ],
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "bench"},
+                    "kernelMappings": [{"regexp": ".", "containerImage": image}],
+                }
+            },
+        }
+    }
 
 
 def module_body(image: str) -> dict[str, Any]:
@@ -124,6 +180,38 @@ def _ready_count(core: Any) -> int:
     return len(core.list_node(label_selector=READY, resource_version="0").items)
 
 
+def _raw_items(listed: Any) -> list[dict[str, Any]]:
+    """A list call's items as plain JSON (``_preload_content=False``): the client's own
+    models take seconds for a thousand pods, time the operator would lose on 2 cores."""
+    items: list[dict[str, Any]] = json.loads(listed.data)["items"]
+    return items
+
+
+def _not_rolled(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], repo: str) -> list[str]:
+    """The selected nodes that do not yet run only a new loader pod (its module image from
+    ``repo``), Ready, with the Module's ready label; empty once the rollout is done."""
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        by_node.setdefault(pod["spec"].get("nodeName", ""), []).append(pod)
+    late = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        mine = by_node.get(name, [])
+        done = (
+            READY in (node["metadata"].get("labels") or {})
+            and len(mine) == 1
+            and not mine[0]["metadata"].get("deletionTimestamp")
+            and (mine[0]["spec"].get("initContainers") or [{}])[0].get("image", "").startswith(repo)
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (mine[0].get("status") or {}).get("conditions") or []
+            )
+        )
+        if not done:
+            late.append(name)
+    return late
+
+
 class Fleet:
     """A devcluster of ``n`` kwok nodes, the registry, and the operator as a ServiceAccount."""
 
@@ -163,10 +251,12 @@ class Fleet:
         )
         for kernel in KERNELS:
             self.registry.push(f"{self.registry.host}/bench:{kernel}")
+            self.registry.push(f"{self.registry.host}/{ROLLOUT_REPO}:{kernel}")
         self.kubeconfig = token_kubeconfig(
             self.cluster.kubeconfig, NS, "operator", self.api, self.work / "operator.kubeconfig"
         )
         self.audit = Audit(Path(self.cluster.log("audit")), f"system:serviceaccount:{NS}:operator")
+        self.metrics_port = 0
 
     def launch_operator(self) -> tuple[Operator, int]:
         """``kmodkit run`` as the ServiceAccount, its metrics on a port of its own."""
@@ -179,6 +269,7 @@ class Fleet:
             KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
             KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:bench",
         )
+        self.metrics_port = port
         return op, port
 
     def measure(self) -> Figures:
@@ -192,6 +283,7 @@ class Fleet:
             self._idle(figures)
             op = self._restart(op, figures)
             self._joins(figures)
+            self._rollout(op, figures)
         finally:
             op.stop()
         return figures
@@ -261,6 +353,71 @@ class Fleet:
                 raise RuntimeError(f"no loader pod for {name} in 120 s")
         took.sort()
         figures.join_p99_s = took[min(len(took) - 1, int(len(took) * 0.99))]
+
+    def _without_joined(self, op: Operator) -> None:
+        """Take the joined nodes away again, so that the rollout covers the fleet of
+        this size: the nodes go, their loader pods with them (as the pod GC would), and
+        the operator's next pass covers ``n`` nodes."""
+        joined = [f"join-{i:03d}" for i in range(JOINS)]
+        for name in joined:
+            self.core.delete_node(name)
+        for pod in _raw_items(self.core.list_namespaced_pod(NS, _preload_content=False)):
+            if pod["spec"].get("nodeName") not in joined:
+                continue
+            try:
+                self.core.delete_namespaced_pod(pod["metadata"]["name"], NS, grace_period_seconds=0)
+            except client.ApiException as err:
+                if err.status != 404:  # the pod GC was there first
+                    raise
+        started = time.monotonic()
+        while _planned_nodes(self.metrics_port) != self.n:
+            if time.monotonic() - started > 120:
+                raise RuntimeError(f"the operator still plans joined nodes; see {op.log}")
+            time.sleep(0.5)
+        time.sleep(5)  # the Module's status after that pass
+
+    def _rollout(self, op: Operator, figures: Figures) -> None:
+        """A Module update across every selected node within ``maxUnavailable``: from the
+        patch until each node runs only the new loader pod, Ready, and carries the ready
+        label again; against the bound the budget sets, ceil(nodes / budget) swaps."""
+        budget, swap = rollout_settings()
+        self._without_joined(op)
+        selector = ",".join(f"{k}={v}" for k, v in SELECTOR.items())
+        selected = len(self.core.list_node(label_selector=selector, resource_version="0").items)
+        figures.rollout_nodes = selected
+        figures.rollout_max_unavailable, figures.rollout_swap_s = budget, swap
+        figures.rollout_bound_s = rollout_bound(selected, budget, swap)
+        repo = f"{self.registry.host}/{ROLLOUT_REPO}:"
+        patch = rollout_patch(f"{repo}${{KERNEL_FULL_VERSION}}", budget, swap)
+        limit = 5 * figures.rollout_bound_s + 300
+        self.audit.mark()
+        started = time.monotonic()
+        client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+            "kmodkit.io", "v1alpha1", NS, "modules", "bench", patch
+        )
+        while True:
+            time.sleep(0.5)
+            nodes = _raw_items(
+                self.core.list_node(
+                    label_selector=selector, resource_version="0", _preload_content=False
+                )
+            )
+            pods = _raw_items(
+                self.core.list_namespaced_pod(NS, resource_version="0", _preload_content=False)
+            )
+            late = _not_rolled(nodes, pods, repo)
+            elapsed = time.monotonic() - started
+            if not late and len(nodes) == selected:
+                break
+            if elapsed > limit:
+                raise RuntimeError(
+                    f"{len(late)}/{selected} nodes not rolled after {elapsed:.0f} s "
+                    f"(e.g. {late[:3]}); see {op.log}"
+                )
+        figures.rollout_s = elapsed
+        figures.rollout_ratio = elapsed / figures.rollout_bound_s
+        time.sleep(5)  # the last Events and status of the rollout
+        figures.rollout_writes = self.audit.writes()
 
     def close(self) -> None:
         self.registry.stop()

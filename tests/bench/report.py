@@ -12,17 +12,32 @@ def table(rows: Sequence[Figures]) -> str:
     head = (
         "| nodes | raw baseline | kmodkit converges | ratio (goal ≤ 1.5) | first node ready "
         "| peak RSS (≤ 250 MiB) | writes/node (≤ 3) | idle writes/min (0) "
-        "| restart to first pass (≤ 10 s) | writes in restart (0) | join p99 (≤ 2 s) |"
+        "| restart to first pass (≤ 10 s) | writes in restart (0) | join p99 (≤ 2 s) "
+        "| rollout | rollout bound | rollout ratio (≤ 1.2) | rollout writes/node |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 15]
     for f in rows:
         lines.append(
             f"| {f.nodes:,} | {f.baseline_s:.1f} s | {f.converge_s:.1f} s | {f.ratio:.2f}x "
             f"| {f.first_ready_s:.1f} s | {f.peak_rss_mib:.0f} MiB | {f.writes_per_node:.2f} "
             f"| {f.idle_writes_per_min:.0f} | {f.restart_s:.1f} s | {f.restart_writes} "
-            f"| {f.join_p99_s:.2f} s |"
+            f"| {f.join_p99_s:.2f} s | {_rollout(f)} |"
         )
     return "\n".join(lines)
+
+
+def _rollout(f: Figures) -> str:
+    """The rollout's cells: its time, its bound (with the budget and swap time that set
+    it), their ratio, and the operator's writes per node it rolled."""
+    if not f.rollout_nodes:
+        return " | | | "
+    waves = math.ceil(f.rollout_nodes / f.rollout_max_unavailable)
+    bound = (
+        f"{f.rollout_bound_s:g} s (maxUnavailable {f.rollout_max_unavailable}: "
+        f"{waves} x {f.rollout_swap_s:g} s)"
+    )
+    writes = sum(f.rollout_writes.values()) / f.rollout_nodes
+    return f"{f.rollout_s:.1f} s | {bound} | {f.rollout_ratio:.2f}x | {writes:.2f}"
 
 
 def writes_table(rows: Sequence[Figures]) -> str:
