@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,16 +204,26 @@ class WritePool:
     def run_for(
         self, writes: Sequence[Write], seconds: float, clock: Callable[[], float] = time.monotonic
     ) -> list[str | None]:
-        """``run`` in rounds of twice the pool's width until all are done or ``seconds``
-        have passed (one round at least); the results of those run, a prefix of ``writes``."""
+        """``run``, but a write is started only while ``seconds`` have not passed (the first
+        always is); the results of those started, a prefix of ``writes``. Writes start as
+        others end, so the pool stays full until the time is up (rounds that each waited
+        for their slowest write would idle it behind every throttled one)."""
         deadline = clock() + seconds
-        results: list[str | None] = []
-        width = 2 * self.max_in_flight
-        for start in range(0, len(writes), width):
-            if results and clock() >= deadline:
+        slots = threading.Semaphore(self.max_in_flight)
+        futures: list[Future[str | BaseException | None]] = []
+        for write in writes:
+            slots.acquire()
+            if futures and clock() >= deadline:
+                slots.release()
                 break
-            results += self.run(writes[start : start + width])
-        return results
+            future = self._pool.submit(self._one, write)
+            future.add_done_callback(lambda _: slots.release())
+            futures.append(future)
+        results = [f.result() for f in futures]
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [r for r in results if not isinstance(r, BaseException)]
 
     def failures(self, writes: Iterable[Write]) -> list[str]:
         return [r for r in self.run(writes) if r is not None]

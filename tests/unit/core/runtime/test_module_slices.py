@@ -7,6 +7,8 @@ stand-in of test_module_builds (no API server); the clock is a variable.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -40,28 +42,44 @@ def _module() -> dict[str, Any]:
     }
 
 
-class Clock:
-    """Each reading is a second later: every round of writes outlasts a short slice."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
-def test_run_for_stops_starting_rounds_once_its_time_is_up() -> None:
-    pool = WritePool(2, api_message)
+def test_run_for_starts_writes_as_others_end_until_its_time_is_up() -> None:
+    pool = WritePool(1, api_message)
+    now = [0.0]
     done: list[int] = []
-    writes = [Write(f"w{i}", lambda i=i: done.append(i)) for i in range(10)]
-    # Rounds of twice the width (4); the clock, read before each round after the first,
-    # passes the deadline (1.5 s after the start) after two rounds.
-    results = pool.run_for(writes, 1.5, clock=Clock())
-    assert results == [None] * 8 and sorted(done) == list(range(8))
-    # One round at least, however short the time.
-    assert len(pool.run_for(writes, 0, clock=Clock())) == 4
+
+    def write(i: int) -> None:
+        done.append(i)
+        now[0] += 1.0  # each write takes a second
+
+    writes = [Write(f"w{i}", lambda i=i: write(i)) for i in range(10)]
+    # One in flight: each starts when the one before ends; none starts 2.5 s after the start.
+    assert pool.run_for(writes, 2.5, clock=lambda: now[0]) == [None] * 3
+    assert done == [0, 1, 2]
+    # The first always starts, however short the time; given time, all do.
+    assert len(pool.run_for(writes, 0, clock=lambda: now[0])) == 1
     assert len(pool.run_for(writes, 60)) == 10
+
+
+def test_run_for_keeps_the_pool_full_rather_than_waiting_for_the_slowest() -> None:
+    pool = WritePool(4, api_message)
+    slow = threading.Event()
+    started: list[int] = []
+
+    def write(i: int) -> None:
+        started.append(i)
+        if i == 0:
+            slow.wait(10)  # one write throttled for long
+
+    writes = [Write(f"w{i}", lambda i=i: write(i)) for i in range(12)]
+    runner = threading.Thread(target=pool.run_for, args=(writes, 60))
+    runner.start()
+    deadline = time.monotonic() + 5
+    while len(started) < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The other eleven went through the three free slots while the first one hung.
+    assert sorted(started) == list(range(12))
+    slow.set()
+    runner.join(10)
 
 
 def test_creations_left_for_the_next_pass_keep_their_nodes_old_pods(
@@ -79,11 +97,11 @@ def test_creations_left_for_the_next_pass_keep_their_nodes_old_pods(
     )
     unseen = UnseenWrites()
     failures, cut_short = controller._apply_pods(final, {"kind": "Module"}, NS, unseen)
-    # One round of a one-wide pool: two creations; only their nodes' old pods go.
+    # No time: the first creation only; only its node's old pod goes.
     assert failures == [] and cut_short
-    assert [c[1] for c in kube.calls if c[0] == "create"] == ["new-n0", "new-n1"]
-    assert deleted == ["old-n0", "old-n1"]
-    assert not unseen.unseen(("pod", "new-n2"))
+    assert [c[1] for c in kube.calls if c[0] == "create"] == ["new-n0"]
+    assert deleted == ["old-n0"]
+    assert not unseen.unseen(("pod", "new-n1"))
 
 
 def test_a_pass_labels_ready_nodes_before_it_creates_and_comes_back_for_the_rest(
@@ -95,23 +113,22 @@ def test_a_pass_labels_ready_nodes_before_it_creates_and_comes_back_for_the_rest
     for i in range(2, 6):
         controller.shared.nodes[f"n{i}"] = NodeView(f"n{i}", {}, KERNEL, "amd64", True)
     assert controller.reconcile(_module(), [], []) == module_controller.NEXT_SLICE_SECONDS
-    # The watch shows the first slice's two pods, one of them ready by now.
-    made = [loader_pod_view(pod) for pod in kube.created]
-    assert len(made) == 2
-    ready = replace(made[0], ready=True)
+    # The watch shows the first slice's pod (no time: one), ready by now.
+    (made,) = [loader_pod_view(pod) for pod in kube.created]
+    ready = replace(made, ready=True)
     kube.calls.clear()
     kube.created.clear()
-    requeue = controller.reconcile(_module(), [ready, made[1]], [])
+    requeue = controller.reconcile(_module(), [ready], [])
     writes = [c for c in kube.calls if c[0] in ("label_node", "create")]
     assert writes[0] == ("label_node", ready.node)
-    assert [c[0] for c in writes[1:]] == ["create", "create"]
+    assert [c[0] for c in writes[1:]] == ["create"]
     assert requeue == module_controller.NEXT_SLICE_SECONDS
-    first = {c[1] for c in writes[1:]}
-    # Given time, the next pass creates the rest (not those sent, which the watch has not
+    sent = writes[1][1]
+    # Given time, the next pass creates the rest (not the one sent, which the watch has not
     # shown yet) and asks for no early pass.
     monkeypatch.setattr(module_controller, "CREATE_SLICE_SECONDS", 60.0)
     kube.calls.clear()
-    again = controller.reconcile(_module(), [ready, made[1]], [])
+    again = controller.reconcile(_module(), [ready], [])
     assert again != module_controller.NEXT_SLICE_SECONDS
     rest = {c[1] for c in kube.calls if c[0] == "create"}
-    assert len(rest) == 1 and not rest & (first | {p.name for p in made})
+    assert len(rest) == 3 and not rest & {sent, made.name}
