@@ -16,6 +16,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,8 @@ log = logging.getLogger("kmodkit.engine")
 MODULE_REF = {"apiVersion": API_VERSION, "kind": KIND}
 CONSUMER_RECHECK_SECONDS = 5.0
 """How soon a pass looks again at pods still gated on a node's labels before unloading it."""
+CONSUMER_READS = 8
+"""The nodes' gated pods read at once (list calls the informers cannot answer: any pod)."""
 RETRY_FAILED_SECONDS = 30.0
 """How soon a pass whose writes were refused tries them again."""
 CREATE_SLICE_SECONDS = 5.0
@@ -148,6 +151,7 @@ class ModuleController:
         self.plugin_pods: OwnedIndex[tuple[str, str], tuple[str, bool]] = OwnedIndex()
         # (namespace, module) -> its writes that landed but the caches do not show yet.
         self.unseen: dict[tuple[str, str], UnseenWrites] = {}
+        self._reads = ThreadPoolExecutor(CONSUMER_READS, thread_name_prefix="kmodkit-read")
 
     @property
     def nodes(self) -> dict[str, NodeView]:
@@ -290,9 +294,7 @@ class ModuleController:
         final = plan(module, nodes, pods, builds.states, self.settings.loader)
         held = False
         if final.awaiting_consumers:
-            consumers = {
-                node: self._gated_pods(node, ns, name) for node in final.awaiting_consumers
-            }
+            consumers = self._consumers(final.awaiting_consumers, ns, name)
             final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
             # No watch sees those pods leave: look again soon rather than at the resync.
             held = any(consumers.values())
@@ -560,6 +562,13 @@ class ModuleController:
         unseen.forget_seen(seen)
         return unseen
 
+    def _consumers(self, nodes: Iterable[str], ns: str, name: str) -> dict[str, list[str]]:
+        """``_gated_pods`` of each node, read side by side: a rollout wave asks it of every
+        node of the wave (maxUnavailable of them), one list call each."""
+        asked = list(nodes)
+        read = self._reads.map(lambda n: self._gated_pods(n, ns, name), asked)
+        return dict(zip(asked, read, strict=True))
+
     def _gated_pods(self, node: str, ns: str, name: str) -> list[str]:
         """``namespace/name`` of the pods on ``node`` that run only while it carries one of
         the Module's readiness labels: they hold the driver and must leave before it unloads."""
@@ -611,7 +620,7 @@ class ModuleController:
         seen = {n.name for n in nodes}
         removal = plan(module, nodes, pods, {}, self.settings.loader, removing=True)
         if removal.awaiting_consumers:
-            consumers = {n: self._gated_pods(n, ns, name) for n in removal.awaiting_consumers}
+            consumers = self._consumers(removal.awaiting_consumers, ns, name)
             removal = plan(module, nodes, pods, {}, self.settings.loader, consumers, removing=True)
         owner = controller_reference({**body, **MODULE_REF})
         unseen = self._unseen(ns, name, pods)

@@ -132,3 +132,27 @@ def test_a_pass_labels_ready_nodes_before_it_creates_and_comes_back_for_the_rest
     assert again != module_controller.NEXT_SLICE_SECONDS
     rest = {c[1] for c in kube.calls if c[0] == "create"}
     assert len(rest) == 3 and not rest & {sent, made.name}
+
+
+def test_a_waves_nodes_are_asked_for_their_gated_pods_side_by_side() -> None:
+    kube = RecordingKube()
+    together = threading.Barrier(4, timeout=5)
+
+    def pods_on_node(node: str) -> list[dict[str, Any]]:
+        together.wait()  # four reads at once, or none gets past
+        return [] if node != "n2" else [_gated("w", node)]
+
+    kube.pods_on_node = pods_on_node  # type: ignore[attr-defined]
+    controller = _controller(kube, Existence.EXISTS)
+    nodes = [f"n{i}" for i in range(8)]
+    assert controller._consumers(nodes, NS, NAME) == {
+        n: ([f"{NS}/w"] if n == "n2" else []) for n in nodes
+    }
+
+
+def _gated(name: str, node: str) -> dict[str, Any]:
+    """A pod that runs only where the Module's ready label is."""
+    return {
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"nodeName": node, "nodeSelector": {READY: ""}},
+    }
