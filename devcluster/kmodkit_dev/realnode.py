@@ -7,9 +7,11 @@ mounts this machine's root read-only over virtio-9p and runs
 ``realnode_init.sh`` chrooted into it, so the kubelet is the one devcluster
 built, and containerd, runc, the CNI plugins, iptables and socat are this
 machine's Debian packages. Its network is qemu's user network with
-``restrict=on``: the only ways out are three ``guestfwd`` rules, to the apiserver,
-to the registry the node pulls from and to a git daemon serving the node's
-``sources/`` (``SOURCES_URL``: what a cluster's internal git server is to a build).
+``restrict=on``: the only ways out are four ``guestfwd`` rules, to the apiserver,
+to the registry the node pulls from, to a git daemon serving the node's
+``sources/`` (``SOURCES_URL``: what a cluster's internal git server is to a build)
+and to an HTTP server of the node's ``files/`` (``FILES_URL``: an internal mirror
+of downloads, such as firmware bundles).
 The node's directory is shared writable with the VM: its configuration goes in,
 the logs of the VM's console, its init, containerd and the kubelet come out
 (``RealNode.logs``), and a ``share/`` directory there is a node path pods can
@@ -59,6 +61,9 @@ SOURCES_GUEST = "10.0.2.102:9418"
 SOURCES_URL = f"git://{SOURCES_GUEST.split(':')[0]}/"
 """Where pods on the node clone ``RealNode.sources``' repositories from (git's own port)."""
 GIT_DAEMON = "/usr/lib/git-core/git-daemon"
+FILES_GUEST = "10.0.2.103:80"
+FILES_URL = f"http://{FILES_GUEST.split(':')[0]}/"
+"""Where pods on the node download ``RealNode.files``' files from."""
 POD_SUBNET = "10.88.0.0/16"
 FORWARD_PLUGIN = "kmodkit-registry-forward"
 # The kernel looks for firmware in its own root, the VM's initramfs, which the
@@ -84,6 +89,7 @@ class RealNode:
     registry_password: str
     registry_pid: int
     git_pid: int = 0
+    files_pid: int = 0
     boot_seconds: float = 0.0
     """From starting qemu to the Node's Ready condition."""
 
@@ -98,10 +104,15 @@ class RealNode:
         return self.dir / "sources"
 
     @property
+    def files(self) -> Path:
+        """Files here are served to the node's pods at ``FILES_URL``."""
+        return self.dir / "files"
+
+    @property
     def logs(self) -> dict[str, Path]:
         return {
             what: self.dir / "logs" / f"{what}.log"
-            for what in ("console", "init", "containerd", "kubelet", "git-daemon")
+            for what in ("console", "init", "containerd", "kubelet", "git-daemon", "files")
         }
 
     def registry(self, ca: Path) -> registry.Registry:
@@ -435,7 +446,7 @@ def prepare_kernel(echo: Echo) -> Path:
 
 def qemu_argv(
     kernel: Path, node: Path, api_port: int, registry_port: int, git_port: int,
-    memory_mb: int = 4096,
+    files_port: int, memory_mb: int = 4096,
 ) -> list[str]:  # fmt: skip
     version = kernel.name
     forward = "socat STDIO TCP:127.0.0.1:{}"
@@ -447,6 +458,7 @@ def qemu_argv(
             f"guestfwd=tcp:{API_GUEST}-cmd:{forward.format(api_port)}",
             f"guestfwd=tcp:{REGISTRY_GUEST}-cmd:{forward.format(registry_port)}",
             f"guestfwd=tcp:{SOURCES_GUEST}-cmd:{forward.format(git_port)}",
+            f"guestfwd=tcp:{FILES_GUEST}-cmd:{forward.format(files_port)}",
         ]
     )
     # One vCPU, as the kernel tier: with two, a loaded host starved one TCG vCPU
@@ -496,7 +508,7 @@ def start(
     build.ensure(["kubernetes", "registry"], echo)
     kernel = prepare_kernel(echo)
     node = node_dir(cluster_dir)
-    for sub in ("logs", "cni", "share", "certs", "sources"):
+    for sub in ("logs", "cni", "share", "certs", "sources", "files"):
         (node / sub).mkdir(parents=True, exist_ok=True)
     ca = pki / "ca.crt"
     password = secrets.token_urlsafe(24)
@@ -514,6 +526,17 @@ def start(
         node / "logs" / "git-daemon.log",
     )  # fmt: skip
     started("git-daemon", git_pid)
+    files_port = procs.free_port()
+    # The interpreter itself (not a venv's link to it): down() knows a process by its exe.
+    python = os.path.realpath(sys.executable)
+    files_pid = procs.spawn(
+        [
+            python, "-m", "http.server", "--bind", "127.0.0.1",
+            f"--directory={node / 'files'}", str(files_port),
+        ],
+        node / "logs" / "files.log",
+    )  # fmt: skip
+    started(python, files_pid)
     _client_cert(pki, node / "certs", name)
     server = f"https://127.0.0.1:{api_port}"
     (node / "kubelet.kubeconfig").write_text(
@@ -541,10 +564,13 @@ def start(
     )
     booted = time.monotonic()
     pid = procs.spawn(
-        qemu_argv(kernel, node, api_port, registry_port, git_port), node / "logs" / "console.log"
+        qemu_argv(kernel, node, api_port, registry_port, git_port, files_port),
+        node / "logs" / "console.log",
     )
     started(QEMU, pid)
-    real = RealNode(name, node, pid, reg.host, reg.username, reg.password, reg.pid, git_pid)
+    real = RealNode(
+        name, node, pid, reg.host, reg.username, reg.password, reg.pid, git_pid, files_pid
+    )
     _wait_ready(real, kubeconfig)
     real = RealNode(**(asdict(real) | {"boot_seconds": round(time.monotonic() - booted, 1)}))
     (node / "node.json").write_text(json.dumps(asdict(real) | {"dir": str(node)}, indent=2))

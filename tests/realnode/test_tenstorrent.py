@@ -14,16 +14,18 @@ removed, the rollout takes the node over and the new builder clones, builds, cac
 loads and labels; a version bump is rolled onto the node (cordoned, then uncordoned); then
 the way back down, with the repository gone so that only the node's build cache can have
 it, and with drain off and a process holding the device, which makes the new builder
-crash-loop, named in the policy's status, until forceUnload has it killed. Every label and
+crash-loop, named in the policy's status, until forceUnload has it killed. Last, a
+TenstorrentFirmwarePolicy: the flasher image's real tt-flash-node downloads a bundle from
+the node's file server (``realnode.FILES_URL``) and flashes it with the stand-in tt-flash,
+which writes the version to the stand-in device's ``tt_fw_bundle_ver``; tt-smi's stand-in
+reads it back from there (kmodkit_dev/tenstorrent_mirror.py, stand_ins/). Every label and
 status is written by the product's pods and the operator; the test only reads them and the
 node's files.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,13 +34,14 @@ import pytest
 from kubernetes import client
 
 from kmodkit_dev import images as product_images
-from kmodkit_dev import realnode
+from kmodkit_dev import realnode, tenstorrent_mirror
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,
+    FIRMWARE,
     create_policy,
     delete_policy,
     patch_policy,
@@ -52,9 +55,16 @@ from tests.realnode.test_node import core, pod, read
 pytestmark = pytest.mark.timeout(3000)
 POLICY = "tt-real"
 ACCOUNT = "tt-builder"
+FLASHER_ACCOUNT = "tt-flasher"
+FIRMWARE_POLICY = "tt-real-fw"
+FW_VERSION = "80.18.0"
+FW_BUNDLE = f"fw_pack-{FW_VERSION}.fwbundle"
+# The stand-in device's attribute (tests/kernel/ttmod): the firmware its "chip" runs.
+FW_ATTRIBUTE = "/sys/class/misc/tenstorrent0/tt_fw_bundle_ver"
+FW_LABEL = "firmware.tenstorrent.com/fw-version"
+FLASH_SELECTOR = "app.kubernetes.io/name=tt-flasher"
 REPOSITORY = "tt-kmd.git"
 VERSIONS = ("2.0.0", "2.1.0")
-TTMOD = Path(__file__).resolve().parents[1] / "kernel" / "ttmod"
 MODE = "driver.tenstorrent.com/install-mode"
 KMD = "driver.tenstorrent.com/kmd-version"
 SMI = "tt-smi.driver.tenstorrent.com/version"
@@ -76,37 +86,10 @@ rm -rf /host/var/cache/tt-kmd /host/usr/local/bin/tt-smi /host/usr/src/tenstorre
 """
 
 
-def git(cwd: Path, *args: str) -> None:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "kmodkit tests",
-        "GIT_AUTHOR_EMAIL": "tests@kmodkit.invalid",
-        "GIT_COMMITTER_NAME": "kmodkit tests",
-        "GIT_COMMITTER_EMAIL": "tests@kmodkit.invalid",
-    }
-    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
-
-
 @pytest.fixture
-def kmd_repository(real_node: realnode.RealNode, tmp_path: Path) -> Iterator[Path]:
-    """tt-kmd's stand-in as a bare repository the node's git daemon serves, a tag per
-    version whose module reports that version."""
-    work = tmp_path / "tt-kmd"
-    work.mkdir()
-    git(work, "init", "-q", "-b", "main")
-    source = (TTMOD / "tenstorrent.c").read_text()
-    assert 'MODULE_VERSION("2.0.0")' in source
-    shutil.copy(TTMOD / "Kbuild", work / "Kbuild")
-    for version in VERSIONS:
-        (work / "tenstorrent.c").write_text(
-            source.replace('MODULE_VERSION("2.0.0")', f'MODULE_VERSION("{version}")')
-        )
-        git(work, "add", ".")
-        git(work, "commit", "-q", "-m", f"tt-kmd {version}")
-        git(work, "tag", f"ttkmd-{version}")
-    bare = real_node.sources / REPOSITORY
-    shutil.rmtree(bare, ignore_errors=True)
-    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+def kmd_repository(real_node: realnode.RealNode) -> Iterator[Path]:
+    """tt-kmd's stand-in as a bare repository the node's git daemon serves."""
+    bare = tenstorrent_mirror.kmd_repository(real_node.sources / REPOSITORY, VERSIONS)
     yield bare
     shutil.rmtree(bare, ignore_errors=True)
 
@@ -114,11 +97,12 @@ def kmd_repository(real_node: realnode.RealNode, tmp_path: Path) -> Iterator[Pat
 @pytest.fixture
 def builder_account(kube_api: Any, ns: str) -> Iterator[str]:
     """The builder pods' account as the chart makes it: the pull secret, and the right to
-    patch nodes (the builder labels its own)."""
-    core(kube_api).create_namespaced_service_account(
-        ns,
-        {"metadata": {"name": ACCOUNT}, "imagePullSecrets": [{"name": images.PULL_SECRET}]},
-    )
+    patch nodes (the builder labels its own); and the flash pods', the pull secret only."""
+    for account in (ACCOUNT, FLASHER_ACCOUNT):
+        core(kube_api).create_namespaced_service_account(
+            ns,
+            {"metadata": {"name": account}, "imagePullSecrets": [{"name": images.PULL_SECRET}]},
+        )
     rbac = client.RbacAuthorizationV1Api(kube_api)
     role = f"{ns}-tt-builder"
     rbac.create_cluster_role(
@@ -154,14 +138,16 @@ def operator(
     tmp_path: Path,
 ) -> Iterator[Operator]:
     install(kube_api)
-    (builder,) = product_images.build_images(["tenstorrent-builder"], destination).values()
+    built = product_images.build_images(["tenstorrent-builder", "tenstorrent-flasher"], destination)
     with running_operator(
         kubeconfig,
         tmp_path / "operator.log",
         KMODKIT_NAMESPACE=ns,
         KMODKIT_BACKENDS="tenstorrent",
-        KMODKIT_TT_BUILDER_IMAGE=builder,
+        KMODKIT_TT_BUILDER_IMAGE=built["tenstorrent-builder"],
         KMODKIT_TT_SERVICE_ACCOUNT=builder_account,
+        KMODKIT_TT_FLASHER_IMAGE=built["tenstorrent-flasher"],
+        KMODKIT_TT_FLASHER_SERVICE_ACCOUNT=FLASHER_ACCOUNT,
         KMODKIT_TT_REQUIRE_PCI_LABEL="false",
         KMODKIT_TT_KMD_REPOSITORY=realnode.SOURCES_URL + kmd_repository.name,
     ) as op:
@@ -172,10 +158,20 @@ def operator(
 def clean_node(kube_api: Any, ns: str, image_refs: dict[str, str]) -> Iterator[None]:
     """Leaves the node as the test found it, the policy deleted while the operator runs."""
     yield
+    delete_policy(kube_api, FIRMWARE, FIRMWARE_POLICY)
     delete_policy(kube_api, DRIVER, POLICY)
     wait_until(lambda: not builders(kube_api, ns), "the builder pods gone", timeout=STEP_TIMEOUT)
     core(kube_api).patch_node(realnode.NODE_NAME, {"spec": {"unschedulable": None}})
     on_node(kube_api, ns, image_refs, "clean", CLEAN)
+
+
+@pytest.fixture
+def firmware_bundle(real_node: realnode.RealNode) -> Iterator[str]:
+    """A bundle of FW_VERSION served to the node's pods; its URL."""
+    path = real_node.files / FW_BUNDLE
+    path.write_bytes(tenstorrent_mirror.firmware_bundle(f"{FW_VERSION}.0"))
+    yield realnode.FILES_URL + FW_BUNDLE
+    path.unlink()
 
 
 def on_node(kube_api: Any, ns: str, image_refs: dict[str, str], name: str, script: str) -> str:
@@ -241,6 +237,7 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     real_node: realnode.RealNode,
     image_refs: dict[str, str],
     kmd_repository: Path,
+    firmware_bundle: str,
     operator: Operator,
     clean_node: None,
 ) -> None:
@@ -316,3 +313,41 @@ def test_a_driver_policy_builds_caches_rolls_and_unblocks_on_the_real_node(
     )
     assert killed.status.container_statuses[0].state.terminated.exit_code == 137
     assert on_node(kube_api, ns, image_refs, "files", NODE_FILES).strip().endswith("loaded 2.0.0")
+
+    # 5. Firmware, with tt-kmd 2.0.0 loaded: the flash Job downloads the bundle from the
+    # node's file server, flashes it with (the stand-in) tt-flash, resets and reads the
+    # device back with tt-smi; the operator records what the node runs.
+    read_fw = f"cat {FW_ATTRIBUTE} > /dev/termination-log"
+    assert on_node(kube_api, ns, image_refs, "fw-before", read_fw).strip() == "80.10.0.0"
+    create_policy(
+        kube_api,
+        FIRMWARE,
+        {
+            "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentFirmwarePolicy",
+            "metadata": {"name": FIRMWARE_POLICY},
+            "spec": {
+                "version": FW_VERSION,
+                "bundleURL": firmware_bundle,
+                "nodeAffinity": {"matchLabels": {realnode.NODE_LABEL: "true"}},
+            },
+        },
+    )
+
+    def flashed() -> dict[str, Any] | None:
+        nodes = status(kube_api, FIRMWARE, FIRMWARE_POLICY).get("nodes") or []
+        entry = next((n for n in nodes if n["name"] == real_node.name), {})
+        assert entry.get("state") != "Failed", entry
+        return entry if entry.get("state") == "Done" else None
+
+    done = wait_until(flashed, "the node flashed", timeout=STEP_TIMEOUT * 2, interval=2)
+    assert done["reason"] == "FlashSucceeded", done
+    # What the chips report once flashed: the version the label and the device carry.
+    readback = f"{FW_VERSION}.0"
+    assert node_labels(kube_api, real_node.name)[FW_LABEL] == readback
+    assert on_node(kube_api, ns, image_refs, "fw-after", read_fw).strip() == readback
+    (flash_pod,) = core(kube_api).list_namespaced_pod(ns, label_selector=FLASH_SELECTOR).items
+    assert flash_pod.spec.node_name == real_node.name
+    assert flash_pod.status.phase == "Succeeded"
+    assert f"GET /{FW_BUNDLE} " in real_node.logs["files"].read_text()
+    assert not core(kube_api).read_node(real_node.name).spec.unschedulable
