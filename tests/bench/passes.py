@@ -73,6 +73,7 @@ from kmodkit.backends.tenstorrent.firmware_job import flash_job
 from kmodkit.backends.tenstorrent.firmware_plan import FLASHERS
 from kmodkit.backends.tenstorrent.firmware_plan import POLICIES as FIRMWARE_POLICIES
 from kmodkit.backends.tenstorrent.settings import DEFAULT_DEPLOY_GATES, TenstorrentSettings
+from kmodkit.core.cli.render import OFFLINE_API_GROUPS
 from kmodkit.core.contract.backend import Resource
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.nodes import slim_node
@@ -81,7 +82,7 @@ from kmodkit.core.rollout.states import NEEDS_PODS, parse_state
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
-from kmodkit.core.runtime.resource_controller import ResourceController
+from kmodkit.core.runtime.resource_controller import ResourceController, _identity
 from kmodkit.core.runtime.watch_cache import Shared
 from kmodkit.core.runtime.writes import WriteSettings
 from kmodkit_dev.nodes import INTEL_GPU_LABELS, KERNELS, TENSTORRENT_LABELS, node_manifest
@@ -102,19 +103,7 @@ SINCE = "1793491200"
 POOL_LABEL = "tenstorrent.com/pool"
 TELEMETRY_GATE = DEFAULT_DEPLOY_GATES[0]
 INTEL_NODE_LABEL = "gpu.intel.com/exists"
-BUILTIN_GROUPS = frozenset(
-    {
-        "",
-        "apps",
-        "batch",
-        "policy",
-        "rbac.authorization.k8s.io",
-        "admissionregistration.k8s.io",
-        "resource.k8s.io",
-        "coordination.k8s.io",
-        "events.k8s.io",
-    }
-)
+BUILTIN_GROUPS = OFFLINE_API_GROUPS | {"", "coordination.k8s.io", "events.k8s.io"}
 CRD_GROUPS = {
     "tenstorrentdriverpolicies.driver.tenstorrent.com": "driver.tenstorrent.com",
     "tenstorrentfirmwarepolicies.firmware.tenstorrent.com": "firmware.tenstorrent.com",
@@ -271,16 +260,6 @@ class BenchController(ResourceController):
 
     def _resource_for(self, obj: Obj) -> Any:
         return self.applied
-
-
-def _identity(obj: Obj) -> tuple[str, str, str, str]:
-    meta = obj.get("metadata") or {}
-    return (
-        str(obj.get("apiVersion")),
-        str(obj.get("kind")),
-        str(meta.get("namespace") or ""),
-        str(meta.get("name")),
-    )
 
 
 @dataclass

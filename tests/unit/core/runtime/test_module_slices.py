@@ -22,24 +22,24 @@ from kmodkit.core.runtime import module_controller
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.unseen_writes import UnseenWrites
 from kmodkit.core.runtime.writes import Write, WritePool
-from tests.unit.core.runtime.test_module_builds import KERNEL, NAME, NS, RecordingKube, _controller
+from tests.unit.core.runtime.test_module_builds import (
+    KERNEL,
+    NAME,
+    NS,
+    RecordingKube,
+    _controller,
+)
+from tests.unit.core.runtime.test_module_builds import _module as builds_module
 
 READY = f"kmm.node.kubernetes.io/{NS}.{NAME}.ready"
 
 
 def _module() -> dict[str, Any]:
-    mapping = {"regexp": ".*", "containerImage": f"r.io/xe:{KERNEL}"}
-    return {
-        "apiVersion": "kmodkit.io/v1alpha1",
-        "kind": "Module",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1},
-        "spec": {
-            "selector": {},
-            "moduleLoader": {
-                "container": {"modprobe": {"moduleName": "xe"}, "kernelMappings": [mapping]}
-            },
-        },
-    }
+    """test_module_builds' Module, its image already pushed: no build."""
+    body = builds_module()
+    for mapping in body["spec"]["moduleLoader"]["container"]["kernelMappings"]:
+        mapping.pop("build")
+    return body
 
 
 def test_run_for_starts_writes_as_others_end_until_its_time_is_up() -> None:
