@@ -50,7 +50,7 @@ test: devcluster-bin lint
 	$(BIN)/pytest -ra
 
 demo: setup
-	@$(BIN)/python -m kmodkit_dev.demo
+	@$(BIN)/python -m kmodkit_dev.demo $(if $(REAL_NODE),--real-node)
 
 bench: devcluster-bin
 	@$(BIN)/python -m tests.bench.run

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kmodkit_dev import build, cluster, manifests, tenstorrent_demo
+from kmodkit_dev import build, cluster, manifests, realnode_demo, tenstorrent_demo
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev.operator import running_operator
 from kmodkit_dev.repo import ROOT
@@ -177,8 +177,9 @@ def run_demo(d: Demo, reg: devregistry.Registry, port: int) -> None:
 TT = "feature.node.kubernetes.io/pci-1200_1e52.present"
 
 
-def play_tt_builder(d: Demo, dkms: set[str], stop: threading.Event) -> None:
-    """Write the node labels each builder pod would (kwok runs nothing inside pods)."""
+def play_tt_builder(d: Demo, nodes: set[str], dkms: set[str], stop: threading.Event) -> None:
+    """Write the node labels each builder pod on one of the kwok ``nodes`` would (kwok runs
+    nothing inside pods; on the real node the builder writes its own)."""
     from kmodkit_dev.tenstorrent_demo import builder_report
 
     seen: set[str] = set()
@@ -187,7 +188,7 @@ def play_tt_builder(d: Demo, dkms: set[str], stop: threading.Event) -> None:
             NS, label_selector="app.kubernetes.io/name=tt-kmd-installer"
         ).items:
             node = pod.spec.node_name
-            if pod.metadata.uid in seen or pod.status.phase != "Running" or not node:
+            if pod.metadata.uid in seen or pod.status.phase != "Running" or node not in nodes:
                 continue
             seen.add(pod.metadata.uid)
             env = {e.name: e.value for e in pod.spec.containers[0].env or []}
@@ -228,7 +229,7 @@ def run_tenstorrent(d: Demo) -> None:
     for n in nodes[2:4]:
         apps.create_namespaced_deployment(NS, tt.device_holder(n))
     stop = threading.Event()
-    threading.Thread(target=play_tt_builder, args=(d, dkms, stop), daemon=True).start()
+    threading.Thread(target=play_tt_builder, args=(d, set(nodes), dkms, stop), daemon=True).start()
     try:
         d.objs.create_cluster_custom_object(
             "driver.tenstorrent.com",
@@ -320,10 +321,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=12)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also a real kubelet node in a qemu VM, and the Tenstorrent flows run on it",
+    )
     args = parser.parse_args()
 
-    step(f"starting a local control plane with {args.nodes} kwok nodes")
-    c = cluster.up(NAME, nodes=args.nodes, profile="mixed")
+    with_real = " and a real node (a kubelet in a qemu VM)" if args.real_node else ""
+    step(f"starting a local control plane with {args.nodes} kwok nodes{with_real}")
+    c = cluster.up(NAME, nodes=args.nodes, profile="mixed", real_node=args.real_node)
     d = Demo(c)
     reg = devregistry.start(c.dir / "registry", "demo", secrets.token_urlsafe(12), pki_dir=c.pki)
     # Recorded with the cluster's processes, so `kmodkit dev down` stops it too.
@@ -363,17 +370,20 @@ def main() -> int:
         log = c.dir / "logs" / "operator.log"
         print(f"    operator log: {log}")
         threading.Thread(target=play_builder, args=(d, reg, stop), daemon=True).start()
-        with running_operator(
-            c.kubeconfig,
-            log,
-            KMODKIT_REGISTRY_CA=str(c.pki / "ca.crt"),
-            KMODKIT_NAMESPACE=NS,
+        settings: dict[str, Any] = {
+            "KMODKIT_REGISTRY_CA": str(c.pki / "ca.crt"),
+            "KMODKIT_NAMESPACE": NS,
             # The demo namespace's default account stands in for the chart's.
-            KMODKIT_TT_SERVICE_ACCOUNT="default",
-            KMODKIT_TT_FLASHER_SERVICE_ACCOUNT=tenstorrent_demo.FLASHER_ACCOUNT,
-        ) as operator:
+            "KMODKIT_TT_SERVICE_ACCOUNT": "default",
+            "KMODKIT_TT_FLASHER_SERVICE_ACCOUNT": tenstorrent_demo.FLASHER_ACCOUNT,
+        }
+        if args.real_node:
+            settings |= realnode_demo.prepare(c, d.api, NS, print)
+        with running_operator(c.kubeconfig, log, **settings) as operator:
             run_demo(d, reg, operator.port)
             run_tenstorrent(d)
+            if args.real_node:
+                realnode_demo.run(d, step, wait)
             code = operator.stop()
         step(f"operator stopped cleanly (exit {code})")
         return 0 if code == 0 else 1
