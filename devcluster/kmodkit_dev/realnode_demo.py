@@ -125,5 +125,14 @@ def run(
         lambda: given_back_with(keys.TT_FW_VERSION_LABEL, f"{FW_VERSION}.0"),
         TIMEOUT,
     )
+
+    def up_to_date() -> bool:
+        policy = d.objs.get_cluster_custom_object(
+            "firmware.tenstorrent.com", "v1alpha1", "tenstorrentfirmwarepolicies", "real-node-fw"
+        )
+        return ((policy.get("status") or {}).get("summary") or {}).get("upToDate") == 1
+
+    # The policy's status follows in the pass after the node's release.
+    wait(f"the policy reporting {node} up to date", up_to_date, 60.0)
     d.kubectl("get", "ttfwp", "real-node-fw")
     d.kubectl("get", "node", node, "-L", keys.TT_FW_VERSION_LABEL)
