@@ -16,6 +16,7 @@ Two pieces, both shared by the whole process:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -191,21 +192,13 @@ class WritePool:
         """Run every write of the batch; per write, None if it succeeded or what the
         apiserver said when it refused. A refusal never stops the others; an
         exception that is not the apiserver's (a bug) is raised once all are done."""
-        batch: Sequence[Write] = list(writes)
-        if not batch:
-            return []
-        futures = [self._pool.submit(self._one, w) for w in batch]
-        results = [f.result() for f in futures]
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        return [r for r in results if not isinstance(r, BaseException)]
+        return self.run_for(list(writes), math.inf)
 
     def run_for(
         self, writes: Sequence[Write], seconds: float, clock: Callable[[], float] = time.monotonic
     ) -> list[str | None]:
         """``run``, but a write is started only while ``seconds`` have not passed (the first
-        always is); the results of those started, a prefix of ``writes``. Writes start as
+        always is): the results of those started, a prefix of ``writes``. Writes start as
         others end, so the pool stays full until the time is up (rounds that each waited
         for their slowest write would idle it behind every throttled one)."""
         deadline = clock() + seconds
