@@ -7,7 +7,7 @@ a fleet of 10,000 nodes costs little memory and plans are pure functions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kmodkit.core.kernel import node_kernel
@@ -74,6 +74,21 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
         taints=taints,
         uid=meta.get("uid", ""),
     )
+
+
+def relabelled(
+    nodes: Iterable[NodeView], changes: Mapping[str, Mapping[str, str | None]]
+) -> list[NodeView]:
+    """``nodes`` with the label ``changes`` by node applied (None removes a label): the
+    views the watch will deliver once it shows those writes."""
+    out = []
+    for node in nodes:
+        change = changes.get(node.name)
+        if change:
+            kept = {k: v for k, v in node.labels.items() if k not in change}
+            node = replace(node, labels=kept | {k: v for k, v in change.items() if v is not None})
+        out.append(node)
+    return out
 
 
 def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

@@ -75,7 +75,7 @@ from kmodkit.core.engine.registry import (
 )
 from kmodkit.core.events import CONDITION_REPEAT_SECONDS as REPORT_AGAIN
 from kmodkit.core.events import ONCE
-from kmodkit.core.nodes import NodeView
+from kmodkit.core.nodes import NodeView, relabelled
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.loop import reconcile_loop
@@ -291,13 +291,18 @@ class ModuleController:
             self.settings.build,
             time.time(),
         )
-        final = plan(module, nodes, pods, builds.states, self.settings.loader)
-        held = False
-        if final.awaiting_consumers:
-            consumers = self._consumers(final.awaiting_consumers, ns, name)
-            final = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
-            # No watch sees those pods leave: look again soon rather than at the resync.
-            held = any(consumers.values())
+        consumers: dict[str, list[str]] = {}
+
+        def final_plan() -> LoaderPlan:
+            """The plan, once the pods gated on the labels of the nodes about to unload
+            are read (each node once a pass)."""
+            done = plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
+            if not done.awaiting_consumers:
+                return done
+            consumers.update(self._consumers(done.awaiting_consumers, ns, name))
+            return plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
+
+        final = final_plan()
 
         owner = controller_reference({**body, **MODULE_REF})
         for job in builds.create:
@@ -340,11 +345,22 @@ class ModuleController:
         )
         # Labels before pods: they follow the pods this pass saw, so they need none of its
         # creations, and a node whose pod turned ready is labelled before the next slice.
-        failures += self._label_nodes(
+        label_failures, landed = self._label_nodes(
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
             body,
             unseen,
         )
+        failures += label_failures
+        # A node whose ready label just went need not wait for the watch to show it: the
+        # plan is made again with the labels as written, so that its gated pods are read
+        # and, when none is left, its module is replaced in this pass. A rollout wave
+        # starts a watch round trip and a pass sooner.
+        ready_key = labels.READY.key(ns, name)
+        if any(ready_key in change and change[ready_key] is None for change in landed.values()):
+            nodes = relabelled(nodes, landed)
+            final = final_plan()
+        # No watch sees gated pods leave: look again soon rather than at the resync.
+        held = bool(final.held)
         pod_failures, cut_short = self._apply_pods(final, owner, ns, unseen)
         failures += pod_failures
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
@@ -509,7 +525,9 @@ class ModuleController:
         changes: Mapping[str, Mapping[str, str | None]],
         body: Mapping[str, Any],
         unseen: UnseenWrites,
-    ) -> list[str]:
+    ) -> tuple[list[str], dict[str, Mapping[str, str | None]]]:
+        """Label the nodes; the API's refusals, and the changes that landed (in this pass
+        or an earlier one whose writes the watch has not shown yet)."""
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
@@ -532,7 +550,7 @@ class ModuleController:
         # side by side, a node leaving could land first and, for a moment, more nodes than
         # the budget allows would be unready at once.
         first, then = readiness_first(changes)
-        failures = []
+        failures, refused = [], set()
         for batch in (first, then):
             due = [n for n in sorted(batch) if not unseen.unseen(_label_write(n, batch[n]))]
             made = self.writes.run(
@@ -543,7 +561,8 @@ class ModuleController:
                     unseen.landed(_label_write(node, batch[node]))
                 else:
                     failures.append(said)
-        return failures
+                    refused.add(node)
+        return failures, {n: c for n, c in changes.items() if n not in refused}
 
     def _unseen(self, ns: str, name: str, pods: Iterable[LoaderPod]) -> UnseenWrites:
         """The Module's landed writes the caches do not show yet, those they show forgotten."""
@@ -628,7 +647,7 @@ class ModuleController:
         failures, _ = self._apply_pods(removal, owner, ns, unseen)
         failures += self._label_nodes(
             _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body, unseen
-        )
+        )[0]
         self._report_decisions(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
         # The passes stop with the deletion: without this the status would go on saying

@@ -84,7 +84,7 @@ from kmodkit.core.engine.loader_pod import (
     loader_pod_view,
     pod_template,
 )
-from kmodkit.core.nodes import NodeView, Taint
+from kmodkit.core.nodes import NodeView, Taint, relabelled
 
 NS, NAME = "drivers", "xe"
 READY = labels.READY.key(NS, NAME)
@@ -556,15 +556,20 @@ class LoaderMachine(RuleBasedStateMachine):
             writes += 1
             return writes - 1 != refuse_at
 
-        # The labels first, one patch per node in name order (_label_nodes), then the
-        # creations, then deletions by node (none for a node whose creation was refused):
-        # _apply_pods.
+        # The labels first, one patch per node in name order (_label_nodes); when a ready
+        # label went, reconcile plans again with the labels as written (the gated pods read
+        # anew); then the creations, then deletions by node (none for a node whose creation
+        # was refused): _apply_pods.
+        landed = {}
         for node, change in sorted(p.node_labels.items()):
             go = attempt(node)
             if go is None:
                 return writes
             if go:
                 self._label(self.nodes[node], change, node in serving, node in has_ready)
+                landed[node] = change
+        if not self.removing and any(c.get(READY, "") is None for c in landed.values()):
+            p = self._plan(relabelled(listed, landed))
         for body in p.create:
             node = body["spec"]["nodeName"]
             go = attempt(node)
