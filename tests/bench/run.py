@@ -13,7 +13,8 @@
    restart (time to the first full pass, and its writes), 50 nodes joining
    one at a time (time until each has its loader pod, p99), and a Module update
    rolled across the fleet within maxUnavailable (its time against the bound the
-   budget sets, BENCH_ROLLOUT_MAX_UNAVAILABLE and BENCH_ROLLOUT_SWAP_SECONDS).
+   budget sets, BENCH_ROLLOUT_MAX_UNAVAILABLE and BENCH_ROLLOUT_SWAP_SECONDS) on
+   fleets of up to BENCH_ROLLOUT_MAX_NODES (default 1000).
 
 Sizes are settings: BENCH_PASS_NODES (default 1000), BENCH_PLAN_NODES (default
 10000) and BENCH_SIZES (comma separated, default 300,1000). Every figure is
