@@ -12,7 +12,9 @@ from kmodkit.core.runtime.watch_cache import Wakeups
 
 log = logging.getLogger("kmodkit.loop")
 RETRY_AFTER_ERROR = 10.0
-# Watch events come in bursts; one pass serves the burst.
+# Watch events come in bursts; one pass serves the burst: it starts this long after the
+# burst's first event. Events that came during the pass before have waited that long
+# already, and the next pass starts at once (a rollout wave's pods turning ready, say).
 DEBOUNCE = 0.3
 
 
@@ -44,6 +46,7 @@ async def reconcile_loop(
             )
             for w in pending:
                 w.cancel()
-            await asyncio.sleep(DEBOUNCE)
+            # A timed retry (nothing woke the loop) waits the whole of it, as a burst would.
+            await asyncio.sleep(max(0.0, DEBOUNCE - wakeups.waited(key)))
     finally:
         wakeups.drop(key)

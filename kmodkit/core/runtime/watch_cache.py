@@ -9,6 +9,7 @@ slim views); the few custom resources and CRDs from kopf.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,24 +28,38 @@ CACHE_WAIT_SECONDS = 1.0
 
 
 class Wakeups:
-    """One asyncio.Event per reconcile loop, set when its inputs change."""
+    """One asyncio.Event per reconcile loop, set when its inputs change, and when it was
+    first set since the loop last cleared it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
+        self._first: dict[Hashable, float] = {}
+        self._clock = clock
 
     def event(self, key: Hashable) -> asyncio.Event:
         return self._events.setdefault(key, asyncio.Event())
 
     def drop(self, key: Hashable) -> None:
         self._events.pop(key, None)
+        self._first.pop(key, None)
 
     def wake(self, key: Hashable) -> None:
         if (event := self._events.get(key)) is not None:
-            event.set()
+            self._set(key, event)
 
     def wake_all(self) -> None:
-        for event in self._events.values():
-            event.set()
+        for key, event in self._events.items():
+            self._set(key, event)
+
+    def waited(self, key: Hashable) -> float:
+        """Seconds since ``key`` was first woken after its event was last cleared."""
+        event = self._events.get(key)
+        return self._clock() - self._first[key] if event and event.is_set() else 0.0
+
+    def _set(self, key: Hashable, event: asyncio.Event) -> None:
+        if not event.is_set():
+            self._first[key] = self._clock()
+        event.set()
 
 
 @dataclass(frozen=True)
