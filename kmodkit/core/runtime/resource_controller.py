@@ -19,7 +19,14 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
-from kmodkit.core.contract.backend import ApplyFailure, ClusterView, Plan, Resource, Watch
+from kmodkit.core.contract.backend import (
+    ApplyFailure,
+    ClusterView,
+    OwnedKind,
+    Plan,
+    Resource,
+    Watch,
+)
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.events import CONDITION_REPEAT_SECONDS, node_reference
 from kmodkit.core.owners import controller_reference
@@ -67,6 +74,8 @@ class ResourceController:
         self._dynamic: Any = None
         self._watched_objects: dict[str, OwnedIndex[None, Obj]] = {}
         """Per watch of the backend's, what its informer holds."""
+        self._owned_objects: list[OwnedIndex[str, Obj]] = []
+        """Per kind the backend owns, what its informer holds, by owner uid."""
 
     @property
     def _id(self) -> str:
@@ -76,35 +85,17 @@ class ResourceController:
         crd = self.resource.crd
         wakeups = self.shared.wakeups
         kind_key = ("backend", crd.group, crd.plural)
-        owned_ids = [f"{self._id}.owned.{o.kind.lower()}" for o in self.resource.owns]
 
         # A backend's watches may be fleet-sized (its pods on every node, a claim per
         # workload): informers, with the labels as a server-side selector, not kopf.
         for w in self.resource.watches:
             self.shared.watch(self._watch_spec(w, f"{self._id}.watch.{w.name}"))
-
-        owner_filter = {OWNER_UID_LABEL: kopf.PRESENT}
-        for owned, owned_id in zip(self.resource.owns, owned_ids, strict=True):
-            group, _, version = owned.api_version.rpartition("/")
-
-            def index_owned(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Obj]:
-                return {labels[OWNER_UID_LABEL]: dict(body)}
-
-            kopf.index(
-                group, version, owned.plural, id=owned_id, labels=owner_filter, registry=registry
-            )(index_owned)
-
-            async def owned_changed(labels: kopf.Labels, **_: Any) -> None:
-                wakeups.wake((*kind_key, labels[OWNER_UID_LABEL]))
-
-            kopf.on.event(
-                group,
-                version,
-                owned.plural,
-                id=f"{owned_id}.event",
-                labels=owner_filter,
-                registry=registry,
-            )(owned_changed)
+        # What it owns is few objects, but of kinds every cluster has many of (ConfigMaps,
+        # DaemonSets): only those carrying an owner's uid are sent.
+        for owned in self.resource.owns:
+            self.shared.watch(
+                self._owned_spec(owned, f"{self._id}.owned.{owned.kind.lower()}", kind_key)
+            )
 
         @kopf.on.event(
             crd.group, crd.version, crd.plural, id=f"{self._id}.event", registry=registry
@@ -120,13 +111,9 @@ class ResourceController:
             registry=registry,
             cancellation_timeout=30,
         )
-        async def daemon(
-            uid: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any
-        ) -> None:
+        async def daemon(uid: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
             def one_pass() -> float | None:
-                watched = self._watched()
-                owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
-                return self.reconcile(dict(body), watched, owned)
+                return self.reconcile(dict(body), self._watched(), self._owned(uid))
 
             try:
                 await reconcile_loop(
@@ -144,16 +131,15 @@ class ResourceController:
             @kopf.on.delete(
                 crd.group, crd.version, crd.plural, id=f"{self._id}.finalize", registry=registry
             )
-            def finalize(uid: str, body: kopf.Body, **kwargs: Any) -> None:
+            def finalize(uid: str, body: kopf.Body, **_: Any) -> None:
                 if not self.shared.nodes_synced:
                     raise kopf.TemporaryError(
                         "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
                     )
                 watched = self._watched()
-                owned = [o for i in owned_ids for o in kwargs[i].get(uid, [])]
                 if self.resource.hold_deletion is not None:
                     held = self.resource.hold_deletion(
-                        dict(body), self._view(watched, owned), self.shared.kube.api
+                        dict(body), self._view(watched, self._owned(uid)), self.shared.kube.api
                     )
                     if held is not None:
                         self._write_status(dict(body), dict(held))
@@ -192,6 +178,33 @@ class ResourceController:
             changed,
             index.clear,
         )
+
+    def _owned_spec(
+        self, owned: OwnedKind, name: str, kind_key: tuple[str, str, str]
+    ) -> InformerSpec:
+        index: OwnedIndex[str, Obj] = OwnedIndex()
+        self._owned_objects.append(index)
+        wakeups = self.shared.wakeups
+
+        def changed(changes: Sequence[Change[tuple[str, Obj]]]) -> None:
+            for uid in index.apply(changes):
+                wakeups.wake((*kind_key, uid))
+
+        group, _, version = owned.api_version.rpartition("/")
+        return InformerSpec(
+            name,
+            kind_lister(group, version, owned.plural),
+            lambda obj: (
+                str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL]),
+                without_managed_fields(obj),
+            ),
+            OWNER_UID_LABEL,
+            changed,
+            index.clear,
+        )
+
+    def _owned(self, uid: str) -> list[Obj]:
+        return [o for index in self._owned_objects for o in index.get(uid)]
 
     def _watched(self) -> dict[str, list[Obj]]:
         return {name: index.get(None) for name, index in self._watched_objects.items()}

@@ -1,4 +1,5 @@
-"""A backend's pass waits for the node cache, as a Module's does; its watches wake it as declared.
+"""A backend's pass waits for the node cache, as a Module's does; its watches wake it as
+declared, and what it owns wakes its owner alone.
 
 The Kube here is a stand-in with no methods: a pass that went on would reach it
 (to apply objects or write status) and fail.
@@ -9,10 +10,10 @@ from __future__ import annotations
 import kopf
 from pydantic import BaseModel
 
-from kmodkit.core.contract.backend import ClusterView, Plan, Resource, Watch
+from kmodkit.core.contract.backend import ClusterView, OwnedKind, Plan, Resource, Watch
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.runtime.informer_cache import Change
-from kmodkit.core.runtime.resource_controller import ResourceController
+from kmodkit.core.runtime.resource_controller import OWNER_UID_LABEL, ResourceController
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 from kmodkit.core.schema.crd import CrdSource
 
@@ -70,3 +71,42 @@ def test_watches_are_informers_with_server_side_selectors_and_wake_as_declared()
     }
     pods.forget()
     assert controller._watched()["pods"] == []
+
+
+def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_owner() -> None:
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+    shared = Shared(kube=NoKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    owns = (
+        OwnedKind("v1", "ConfigMap", "configmaps"),
+        OwnedKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
+    )
+    resource = Resource(crd=crd, model=Empty, plan=lambda _b, _v: Plan(), owns=owns)
+    registry = kopf.OperatorRegistry()
+    controller = ResourceController("acme", resource, shared)
+    controller.register(registry)
+    # kopf would watch every ConfigMap of the cluster and filter them here.
+    assert not [str(h.id) for h in registry._indexing.get_all_handlers()]
+    specs = {spec.name: spec for spec in shared.watches}
+    maps, roles = specs["acme.widgets.owned.configmap"], specs["acme.widgets.owned.clusterrole"]
+    assert maps.label_selector == roles.label_selector == OWNER_UID_LABEL
+
+    def owned(name: str, uid: str) -> Obj:
+        return {"metadata": {"name": name, "labels": {OWNER_UID_LABEL: uid}, "managedFields": []}}
+
+    mine = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-1"))
+    theirs = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-2"))
+    maps.subscriber([Change(("n", "c1"), None, maps.view(owned("c1", "uid-1")))])
+    roles.subscriber([Change(("", "r2"), None, roles.view(owned("r2", "uid-2")))])
+    assert mine.is_set() and theirs.is_set()
+    mine.clear()
+    theirs.clear()
+    roles.subscriber([Change(("", "r1"), None, roles.view(owned("r1", "uid-1")))])
+    assert mine.is_set() and not theirs.is_set()
+    assert [o["metadata"]["name"] for o in controller._owned("uid-1")] == ["c1", "r1"]
+    assert [o["metadata"]["name"] for o in controller._owned("uid-2")] == ["r2"]
+    assert "managedFields" not in controller._owned("uid-2")[0]["metadata"]
+    old = roles.view(owned("r2", "uid-2"))
+    roles.subscriber([Change(("", "r2"), old, None)])
+    assert theirs.is_set() and controller._owned("uid-2") == []
+    maps.forget()
+    assert [o["metadata"]["name"] for o in controller._owned("uid-1")] == ["r1"]
