@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -265,7 +265,7 @@ class ModuleController:
         except ValidationError as err:
             # Nothing can be planned, but the labels still follow the pods.
             follow = LoaderPlan(node_labels=labels_follow_pods(ns, name, nodes, pods))
-            self._label_nodes(follow.node_labels, body, unseen)
+            self.writes.run(self._label_nodes(follow.node_labels, body, unseen).events)
             self._write_status(body, module_status(body, follow, invalid=str(err)))
             return None
         first = plan(module, nodes, pods, {}, self.settings.loader)
@@ -345,12 +345,13 @@ class ModuleController:
         )
         # Labels before pods: they follow the pods this pass saw, so they need none of its
         # creations, and a node whose pod turned ready is labelled before the next slice.
-        label_failures, landed = self._label_nodes(
+        labelled = self._label_nodes(
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
             body,
             unseen,
         )
-        failures += label_failures
+        failures += labelled.failures
+        landed = labelled.landed
         # A node whose ready label just went need not wait for the watch to show it: the
         # plan is made again with the labels as written, so that its gated pods are read
         # and, when none is left, its module is replaced in this pass. A rollout wave
@@ -363,6 +364,7 @@ class ModuleController:
         held = bool(final.held)
         pod_failures, cut_short = self._apply_pods(final, owner, ns, unseen)
         failures += pod_failures
+        self.writes.run(labelled.events)
         plugin = plan_device_plugin(module, nodes, daemon_sets or [])
         failures += self._apply_device_plugin(plugin, owner, ns)
         self._report_decisions(final, body)
@@ -525,44 +527,48 @@ class ModuleController:
         changes: Mapping[str, Mapping[str, str | None]],
         body: Mapping[str, Any],
         unseen: UnseenWrites,
-    ) -> tuple[list[str], dict[str, Mapping[str, str | None]]]:
-        """Label the nodes; the API's refusals, and the changes that landed (in this pass
-        or an earlier one whose writes the watch has not shown yet)."""
+    ) -> Labelled:
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
 
-        def label(node: str, change: Mapping[str, str | None]) -> None:
-            # The node's events follow its own label write (a refusal raises past them);
-            # nodes are independent of each other.
-            self.kube.label_node(node, change)
+        def event(node: str, change: Mapping[str, str | None]) -> Write | None:
             view = self.nodes.get(node)
             if ready_key not in change or view is None:
-                return
+                return None
             loaded = change[ready_key] is not None
             reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
             done = "loaded into" if loaded else "unloaded from"
             # On the node only, as KMM: the Module's status counts the nodes, and one Event
             # per node on the Module would be a second write per node for a whole fleet.
-            self.kube.events.post(_node_ref(view), reason, f"Module {ns}/{name} {done} the kernel")
+            message = f"Module {ns}/{name} {done} the kernel"
+            return Write(
+                f"posting Event {reason}",
+                _bind(self._post, _node_ref(view), reason, message, False, 0.0),
+            )
 
         # Nodes that become ready are labelled before any node stops being ready: written
         # side by side, a node leaving could land first and, for a moment, more nodes than
         # the budget allows would be unready at once.
         first, then = readiness_first(changes)
-        failures, refused = [], set()
+        out = Labelled()
+        refused = set()
         for batch in (first, then):
             due = [n for n in sorted(batch) if not unseen.unseen(_label_write(n, batch[n]))]
             made = self.writes.run(
-                Write(f"labelling Node {node}", _bind(label, node, batch[node])) for node in due
+                Write(f"labelling Node {node}", _bind(self.kube.label_node, node, batch[node]))
+                for node in due
             )
             for node, said in zip(due, made, strict=True):
                 if said is None:
                     unseen.landed(_label_write(node, batch[node]))
+                    if (post := event(node, batch[node])) is not None:
+                        out.events.append(post)
                 else:
-                    failures.append(said)
+                    out.failures.append(said)
                     refused.add(node)
-        return failures, {n: c for n, c in changes.items() if n not in refused}
+        out.landed = {n: c for n, c in changes.items() if n not in refused}
+        return out
 
     def _unseen(self, ns: str, name: str, pods: Iterable[LoaderPod]) -> UnseenWrites:
         """The Module's landed writes the caches do not show yet, those they show forgotten."""
@@ -645,9 +651,11 @@ class ModuleController:
         unseen = self._unseen(ns, name, pods)
         # A creation left for later (a fleet-wide removal) is made by the next try below.
         failures, _ = self._apply_pods(removal, owner, ns, unseen)
-        failures += self._label_nodes(
+        labelled = self._label_nodes(
             _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body, unseen
-        )[0]
+        )
+        failures += labelled.failures
+        self.writes.run(labelled.events)
         self._report_decisions(removal, body)
         self._report_failures(body, "ApplyFailed", failures)
         # The passes stop with the deletion: without this the status would go on saying
@@ -662,6 +670,20 @@ class ModuleController:
                 f"waiting for {len({p.node for p in pods})} nodes to unload{detail}", delay=3
             )
         self.unseen.pop((ns, name), None)
+
+
+@dataclass
+class Labelled:
+    """What a pass's label writes did."""
+
+    failures: list[str] = field(default_factory=list)
+    """The API's refusals."""
+    landed: dict[str, Mapping[str, str | None]] = field(default_factory=dict)
+    """The changes that landed, in this pass or an earlier one whose writes the watch has
+    not shown yet."""
+    events: list[Write] = field(default_factory=list)
+    """Each node's ModuleLoaded or ModuleUnloaded Event for this pass's writes: posted after
+    the pass's pod writes, which need no Event first."""
 
 
 def _bind(call: Callable[..., object], *args: object) -> Callable[[], object]:

@@ -1,5 +1,6 @@
 """A rollout wave in one pass: the ready label goes, and the gated pods are read and the
-module replaced at once, rather than a pass later, once the watch shows the label gone.
+module replaced at once, rather than a pass later, once the watch shows the label gone; the
+node's Event follows.
 
 The Kube is the recording stand-in of test_module_builds (no API server).
 """
@@ -54,8 +55,15 @@ def test_an_update_unlabels_reads_the_gated_pods_and_replaces_the_module_in_one_
     controller = _controller(kube, Existence.EXISTS)
     old = _serving(kube, controller)
     controller.reconcile(_next_module(), [old], [])
-    writes = [c[0] for c in kube.calls if c[0] != "event"]
-    assert writes == ["label_node", "pods_on_node", "create", "delete_pod"]
+    # The node's Event comes after the pod writes, which wait for no Event.
+    writes = [c[0] if c[0] != "event" else c for c in kube.calls]
+    assert writes == [
+        "label_node",
+        "pods_on_node",
+        "create",
+        "delete_pod",
+        ("event", "ModuleUnloaded"),
+    ]
     (new,) = kube.created
     assert new["spec"]["nodeName"] == "n1"
     assert new["spec"]["initContainers"][0]["image"] == NEXT

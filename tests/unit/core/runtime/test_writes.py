@@ -290,7 +290,8 @@ def test_nodes_gaining_readiness_are_labelled_before_any_node_loses_it() -> None
     # Sorted by name the losing nodes would come first.
     changes = {n: {key: ""} for n in gaining} | {f"0-{i}": {key: None} for i in range(20)}
     body = {"metadata": {"namespace": "ns", "name": "m"}}
-    assert controller._label_nodes(changes, body, UnseenWrites()) == ([], changes)
+    labelled = controller._label_nodes(changes, body, UnseenWrites())
+    assert (labelled.failures, labelled.landed) == ([], changes)
     assert kube.early == []
     assert kube.waiting == set()
 
