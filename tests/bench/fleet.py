@@ -8,12 +8,14 @@ the apiserver's, not the operator's own opinion of what it sent.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 import secrets
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -218,6 +220,57 @@ def _not_rolled(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], repo: s
     return late
 
 
+class Mirror:
+    """A kind's objects as a watch delivers them (plain JSON, no client models), in a
+    thread of its own, setting ``changed`` on every change: the rollout step checks its
+    end on each change instead of listing the fleet again and again."""
+
+    def __init__(self, changed: threading.Event, list_call: Any, **params: Any) -> None:
+        self.changed, self._list, self._params = changed, list_call, params
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._version = self._relist()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> Mirror:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self._objects.values())
+
+    def _relist(self) -> str:
+        listed = json.loads(self._list(**self._params, _preload_content=False).data)
+        self._objects = {obj["metadata"]["name"]: obj for obj in listed["items"]}
+        version: str = listed["metadata"]["resourceVersion"]
+        return version
+
+    def _follow(self) -> None:
+        untyped: Any = watch
+        while not self._stop.is_set():
+            for event in untyped.Watch().stream(
+                self._list,
+                **self._params,
+                resource_version=self._version,
+                timeout_seconds=5,
+                deserialize=False,
+            ):
+                obj = event["object"]
+                if event["type"] == "ERROR":  # 410 Gone: the history moved on
+                    self._version = self._relist()
+                    break
+                self._version = obj["metadata"]["resourceVersion"]
+                if event["type"] == "DELETED":
+                    self._objects.pop(obj["metadata"]["name"], None)
+                elif event["type"] != "BOOKMARK":
+                    self._objects[obj["metadata"]["name"]] = obj
+                self.changed.set()
+
+
 class Fleet:
     """A devcluster of ``n`` kwok nodes, the registry, and the operator as a ServiceAccount."""
 
@@ -397,30 +450,30 @@ class Fleet:
         repo = f"{self.registry.host}/{ROLLOUT_REPO}:"
         patch = rollout_patch(f"{repo}${{KERNEL_FULL_VERSION}}", budget, swap)
         limit = 5 * figures.rollout_bound_s + 300
-        self.audit.mark()
-        started = time.monotonic()
-        client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
-            "kmodkit.io", "v1alpha1", NS, "modules", "bench", patch
-        )
-        while True:
-            time.sleep(0.5)
-            nodes = _raw_items(
-                self.core.list_node(
-                    label_selector=selector, resource_version="0", _preload_content=False
-                )
+        changed = threading.Event()
+        with (
+            Mirror(changed, self.core.list_node, label_selector=selector) as nodes,
+            Mirror(changed, functools.partial(self.core.list_namespaced_pod, NS)) as pods,
+        ):
+            self.audit.mark()
+            started = time.monotonic()
+            client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+                "kmodkit.io", "v1alpha1", NS, "modules", "bench", patch
             )
-            pods = _raw_items(
-                self.core.list_namespaced_pod(NS, resource_version="0", _preload_content=False)
-            )
-            late = _not_rolled(nodes, pods, repo)
-            elapsed = time.monotonic() - started
-            if not late and len(nodes) == selected:
-                break
-            if elapsed > limit:
-                raise RuntimeError(
-                    f"{len(late)}/{selected} nodes not rolled after {elapsed:.0f} s "
-                    f"(e.g. {late[:3]}); see {op.log}"
-                )
+            while True:
+                changed.wait(1.0)
+                time.sleep(0.1)  # the events of one write come together: one check for them
+                changed.clear()
+                seen = nodes.items()
+                late = _not_rolled(seen, pods.items(), repo)
+                elapsed = time.monotonic() - started
+                if not late and len(seen) == selected:
+                    break
+                if elapsed > limit:
+                    raise RuntimeError(
+                        f"{len(late)}/{selected} nodes not rolled after {elapsed:.0f} s "
+                        f"(e.g. {late[:3]}); see {op.log}"
+                    )
         figures.rollout_s = elapsed
         figures.rollout_ratio = elapsed / figures.rollout_bound_s
         time.sleep(5)  # the last Events and status of the rollout
