@@ -364,30 +364,33 @@ def test_a_kind_not_served_is_none_until_it_is_then_it_is_watched(
     with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=(0.2, 1.0)) as w:
         wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
         assert w.it.views() == {}
-        ext.create_custom_resource_definition(
-            {
-                "metadata": {"name": f"{plural}.{group}"},
-                "spec": {
-                    "group": group,
-                    "scope": "Cluster",
-                    "names": {"plural": plural, "singular": "gadget", "kind": "Gadget"},
-                    "versions": [
-                        {
-                            "name": "v1",
-                            "served": True,
-                            "storage": True,
-                            "schema": {"openAPIV3Schema": {"type": "object"}},
-                        }
-                    ],
-                },
-            }
-        )
+        ext.create_custom_resource_definition(_gadgets(group, plural))
         try:
             body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
             wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
             wait_until(lambda: ("", "g1") in w.it.views(), "the new kind's object watched")
         finally:
             ext.delete_custom_resource_definition(f"{plural}.{group}")
+
+
+def _gadgets(group: str, plural: str) -> dict[str, Any]:
+    """A cluster-scoped CRD of ``group``, kind Gadget."""
+    return {
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Cluster",
+            "names": {"plural": plural, "singular": "gadget", "kind": "Gadget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
+        },
+    }
 
 
 def _created(objs: Any, group: str, plural: str, body: dict[str, Any]) -> bool:
@@ -398,3 +401,25 @@ def _created(objs: Any, group: str, plural: str, body: dict[str, Any]) -> bool:
             return False
         raise
     return True
+
+
+def test_a_kind_served_since_is_looked_for_at_once_when_asked(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str
+) -> None:
+    """An informer waiting out a long backoff for a kind not served yet lists it as soon as it
+    is told to look again, as the operator does on every CRD event."""
+    group, plural = f"a{tag}.kmodkit.test", "gadgets"
+    ext: Any = client.ApiextensionsV1Api(kube_api)
+    objs: Any = client.CustomObjectsApi(kube_api)
+    lister = kind_lister(group, "v1", plural)
+    with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=(600, 600)) as w:
+        wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
+        ext.create_custom_resource_definition(_gadgets(group, plural))
+        try:
+            body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
+            wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
+            assert ("", "g1") not in w.it.views()  # the next try is 600 s away
+            w.loop.call_soon_threadsafe(w.it.look_again)
+            wait_until(lambda: ("", "g1") in w.it.views(), "the kind listed", timeout=10)
+        finally:
+            ext.delete_custom_resource_definition(f"{plural}.{group}")

@@ -178,12 +178,17 @@ class Informer(Generic[V]):
         self._backoff = backoff
         self._subscribers: list[Subscriber[V]] = []
         self._task: asyncio.Task[None] | None = None
+        self._again = asyncio.Event()
 
     def subscribe(self, subscriber: Subscriber[V]) -> None:
         self._subscribers.append(subscriber)
 
     def views(self) -> dict[Key, V]:
         return self.cache.views()
+
+    def look_again(self) -> None:
+        """End a wait between tries now: the kind may be served since (a CRD appeared)."""
+        self._again.set()
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -223,7 +228,9 @@ class Informer(Generic[V]):
                 listed = False
             except Exception as err:  # a dropped or refused connection: resume where we were
                 log.warning("%s: watch failed (%r); retrying in %.1fs", self.name, err, wait)
-            await asyncio.sleep(wait)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._again.wait(), wait)
+            self._again.clear()
             wait = min(wait * 2, self._backoff[1])
 
     def _deliver(self, changes: list[Change[V]]) -> None:

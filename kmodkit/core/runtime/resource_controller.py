@@ -190,14 +190,17 @@ class ResourceController:
             for uid in index.apply(changes):
                 wakeups.wake((*kind_key, uid))
 
+        def view(obj: Obj) -> tuple[str, Obj]:
+            # A list's items carry no apiVersion and kind; pruning names them.
+            uid = str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL])
+            kind = {"apiVersion": owned.api_version, "kind": owned.kind}
+            return uid, {**without_managed_fields(obj), **kind}
+
         group, _, version = owned.api_version.rpartition("/")
         return InformerSpec(
             name,
             kind_lister(group, version, owned.plural),
-            lambda obj: (
-                str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL]),
-                without_managed_fields(obj),
-            ),
+            view,
             OWNER_UID_LABEL,
             changed,
             index.clear,

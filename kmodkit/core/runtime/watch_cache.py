@@ -202,5 +202,9 @@ class Shared:
                 self.crd_groups.pop(name, None)
             else:
                 self.crd_groups[name] = str((body.get("spec") or {}).get("group", ""))
+            # An informer of a kind not served yet may be waiting out its longest backoff;
+            # the CRD's events (created, then established) make it look now.
+            for informer in self.informers:
+                informer.look_again()
             if self.api_groups != before:
                 self.wakeups.wake_all()
