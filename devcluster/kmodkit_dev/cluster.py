@@ -232,6 +232,11 @@ def _argv(cluster: Cluster, component: str) -> list[str]:
             f"--root-ca-file={pk / 'ca.crt'}",
             f"--service-account-private-key-file={pk / 'sa.key'}",
             "--use-service-account-credentials=true",
+            # kwok plays thousands of kubelets on two cores; under load its heartbeats lag
+            # past the default 50 s, the node is marked NotReady, and so are its pods, which
+            # kwok never marks Ready again (3,000-node benchmark runs stalled on it). A node
+            # taken down on purpose (nodes.set_down) is marked NotReady at once, not by this.
+            "--node-monitor-grace-period=5m",
         ]
     if component == "kube-scheduler":
         return [
