@@ -39,6 +39,11 @@ def run(api: Any, nodes: list[str]) -> float:
     ``clean`` (deleting them is no part of what is measured)."""
     core: Any = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
+    # A pod is refused until the controller-manager made the namespace's default account.
+    while not core.list_namespaced_service_account(
+        NAMESPACE, field_selector="metadata.name=default"
+    ).items:
+        time.sleep(0.1)
     untyped: Any = watch
     started = time.monotonic()
     with ThreadPoolExecutor(THREADS) as pool:
