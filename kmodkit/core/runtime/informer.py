@@ -131,6 +131,11 @@ async def _json(resp: Any) -> Any:
     return json.loads(raw)
 
 
+def _item_kind(listed: Mapping[str, Any]) -> str:
+    """The kind of a list's items: ``ConfigMapList`` holds ``ConfigMap``s."""
+    return str(listed.get("kind") or "").removesuffix("List")
+
+
 def _raise_status(status: int, message: str) -> None:
     if status == 410:
         raise Gone(message)
@@ -267,8 +272,11 @@ class Informer(Generic[V]):
             meta = body.get("metadata") or {}
             # Every page is served from the first page's snapshot.
             version = version or str(meta.get("resourceVersion") or "")
+            # A list's items carry no apiVersion and kind, a watch's objects do: the list's
+            # are given them, so views are alike whichever brought the object.
+            kind = {"apiVersion": body.get("apiVersion"), "kind": _item_kind(body)}
             for obj in body.get("items") or []:
-                fresh[key_of(obj)] = self.cache.entry(obj)
+                fresh[key_of(obj)] = self.cache.entry({**kind, **obj})
             token = meta.get("continue") or None
             if token is None:
                 break

@@ -91,7 +91,13 @@ def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_o
     assert maps.label_selector == roles.label_selector == OWNER_UID_LABEL
 
     def owned(name: str, uid: str) -> Obj:
-        return {"metadata": {"name": name, "labels": {OWNER_UID_LABEL: uid}, "managedFields": []}}
+        """As the informer delivers it: with its kind (a list's items are given theirs)."""
+        meta = {"name": name, "labels": {OWNER_UID_LABEL: uid}, "managedFields": []}
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+        }
 
     mine = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-1"))
     theirs = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-2"))
@@ -105,7 +111,7 @@ def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_o
     assert [o["metadata"]["name"] for o in controller._owned("uid-1")] == ["c1", "r1"]
     assert [o["metadata"]["name"] for o in controller._owned("uid-2")] == ["r2"]
     (role,) = controller._owned("uid-2")
-    # As a list's items, without their kind: pruning needs it.
+    # Pruning names the kind.
     assert "managedFields" not in role["metadata"]
     assert (role["apiVersion"], role["kind"]) == ("rbac.authorization.k8s.io/v1", "ClusterRole")
     old = roles.view(owned("r2", "uid-2"))
