@@ -169,18 +169,14 @@ class ModuleController:
         def index(
             name: str, lister: Any, selector: str, view: Any, into: OwnedIndex[Any, Any]
         ) -> None:
-            def changed(changes: Any) -> None:
-                for group in into.apply(changes):
-                    wakeups.wake((PLURAL, *group))
-
             self.shared.watch(
-                InformerSpec(
+                InformerSpec.indexed(
                     name,
                     lister,
-                    lambda obj: (_module_of(obj), view(obj)),
                     selector,
-                    changed,
-                    into.clear,
+                    lambda obj: (_module_of(obj), view(obj)),
+                    into,
+                    lambda module: wakeups.wake((PLURAL, *module)),
                 )
             )
 

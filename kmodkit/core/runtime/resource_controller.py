@@ -34,7 +34,7 @@ from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.informer import kind_lister
-from kmodkit.core.runtime.informer_cache import Change, without_managed_fields
+from kmodkit.core.runtime.informer_cache import without_managed_fields
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
@@ -164,19 +164,14 @@ class ResourceController:
         index: OwnedIndex[None, Obj] = OwnedIndex()
         self._watched_objects[w.name] = index
         wakeups = self.shared.wakeups
-
-        def changed(changes: Sequence[Change[tuple[None, Obj]]]) -> None:
-            index.apply(changes)
-            if w.wakes:
-                wakeups.wake_all()  # narrow enough: watches are label-filtered
-
-        return InformerSpec(
+        return InformerSpec.indexed(
             name,
             kind_lister(w.group, w.version, w.plural),
-            lambda obj: (None, without_managed_fields(obj)),
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
-            changed,
-            index.clear,
+            lambda obj: (None, without_managed_fields(obj)),
+            index,
+            # Narrow enough: watches are label-filtered.
+            lambda _: wakeups.wake_all() if w.wakes else None,
         )
 
     def _owned_spec(
@@ -185,25 +180,17 @@ class ResourceController:
         index: OwnedIndex[str, Obj] = OwnedIndex()
         self._owned_objects.append(index)
         wakeups = self.shared.wakeups
-
-        def changed(changes: Sequence[Change[tuple[str, Obj]]]) -> None:
-            for uid in index.apply(changes):
-                wakeups.wake((*kind_key, uid))
-
-        def view(obj: Obj) -> tuple[str, Obj]:
-            # A list's items carry no apiVersion and kind; pruning names them.
-            uid = str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL])
-            kind = {"apiVersion": owned.api_version, "kind": owned.kind}
-            return uid, {**without_managed_fields(obj), **kind}
-
         group, _, version = owned.api_version.rpartition("/")
-        return InformerSpec(
+        return InformerSpec.indexed(
             name,
             kind_lister(group, version, owned.plural),
-            view,
             OWNER_UID_LABEL,
-            changed,
-            index.clear,
+            lambda obj: (
+                str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL]),
+                without_managed_fields(obj),
+            ),
+            index,
+            lambda uid: wakeups.wake((*kind_key, uid)),
         )
 
     def _owned(self, uid: str) -> list[Obj]:

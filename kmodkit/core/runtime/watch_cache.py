@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes import client
@@ -22,6 +22,9 @@ from kmodkit.core.nodes import NodeView, node_view, slim_node
 from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
+from kmodkit.core.runtime.owned_index import OwnedIndex
+
+G = TypeVar("G", bound=Hashable)
 
 CACHE_WAIT_SECONDS = 1.0
 """How soon a pass that found the node cache still filling tries again."""
@@ -74,6 +77,25 @@ class InformerSpec:
     subscriber: Subscriber[Any]
     forget: Callable[[], None]
     """Drop what the subscriber built (the informer stopped)."""
+
+    @classmethod
+    def indexed(
+        cls,
+        name: str,
+        lister: Callable[[aclient.ApiClient], Lister],
+        label_selector: str,
+        view: Callable[[Mapping[str, Any]], tuple[G, Any]],
+        index: OwnedIndex[G, Any],
+        wake: Callable[[G], None],
+    ) -> InformerSpec:
+        """An informer whose views fill ``index`` by group; ``wake`` hears of each group a
+        change touched."""
+
+        def changed(changes: Sequence[Change[tuple[G, Any]]]) -> None:
+            for group in index.apply(changes):
+                wake(group)
+
+        return cls(name, lister, view, label_selector, changed, index.clear)
 
 
 @dataclass
