@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -357,20 +358,39 @@ def test_a_kind_not_served_is_none_until_it_is_then_it_is_watched(
 ) -> None:
     """A watched CRD not installed (404) is an empty, synced cache, so the operator's passes
     are not held; it is looked for again and filled once the CRD is there."""
-    group, plural = f"t{tag}.kmodkit.test", "gadgets"
+    with _unserved(dev_cluster, kube_api, f"t{tag}.kmodkit.test", (0.2, 1.0)) as (w, serve):
+        assert w.it.views() == {}
+        serve()
+        wait_until(lambda: ("", "g1") in w.it.views(), "the new kind's object watched")
+
+
+@contextlib.contextmanager
+def _unserved(
+    dev_cluster: devcluster.Cluster, kube_api: Any, group: str, backoff: tuple[float, float]
+) -> Iterator[tuple[Watching, Callable[[], None]]]:
+    """An informer of kind Gadget in ``group`` started before its CRD exists (and synced),
+    and a call that installs the CRD and creates Gadget g1 once it is served; the CRD is
+    removed at the end."""
+    plural = "gadgets"
     ext: Any = client.ApiextensionsV1Api(kube_api)
     objs: Any = client.CustomObjectsApi(kube_api)
     lister = kind_lister(group, "v1", plural)
-    with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=(0.2, 1.0)) as w:
-        wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
-        assert w.it.views() == {}
+    installed = False
+
+    def serve() -> None:
+        nonlocal installed
         ext.create_custom_resource_definition(_gadgets(group, plural))
+        installed = True
+        body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
+        wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
+
+    with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=backoff) as w:
+        wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
         try:
-            body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
-            wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
-            wait_until(lambda: ("", "g1") in w.it.views(), "the new kind's object watched")
+            yield w, serve
         finally:
-            ext.delete_custom_resource_definition(f"{plural}.{group}")
+            if installed:
+                ext.delete_custom_resource_definition(f"{plural}.{group}")
 
 
 def _gadgets(group: str, plural: str) -> dict[str, Any]:
@@ -408,18 +428,8 @@ def test_a_kind_served_since_is_looked_for_at_once_when_asked(
 ) -> None:
     """An informer waiting out a long backoff for a kind not served yet lists it as soon as it
     is told to look again, as the operator does on every CRD event."""
-    group, plural = f"a{tag}.kmodkit.test", "gadgets"
-    ext: Any = client.ApiextensionsV1Api(kube_api)
-    objs: Any = client.CustomObjectsApi(kube_api)
-    lister = kind_lister(group, "v1", plural)
-    with Watching(dev_cluster.kubeconfig, dev_cluster.server, lister, backoff=(600, 600)) as w:
-        wait_until(w.it.synced.is_set, "an unserved kind to count as synced")
-        ext.create_custom_resource_definition(_gadgets(group, plural))
-        try:
-            body = {"apiVersion": f"{group}/v1", "kind": "Gadget", "metadata": {"name": "g1"}}
-            wait_until(lambda: _created(objs, group, plural, body), "the CRD served", timeout=30)
-            assert ("", "g1") not in w.it.views()  # the next try is 600 s away
-            w.loop.call_soon_threadsafe(w.it.look_again)
-            wait_until(lambda: ("", "g1") in w.it.views(), "the kind listed", timeout=10)
-        finally:
-            ext.delete_custom_resource_definition(f"{plural}.{group}")
+    with _unserved(dev_cluster, kube_api, f"a{tag}.kmodkit.test", (600, 600)) as (w, serve):
+        serve()
+        assert ("", "g1") not in w.it.views()  # the next try is 600 s away
+        w.loop.call_soon_threadsafe(w.it.look_again)
+        wait_until(lambda: ("", "g1") in w.it.views(), "the kind listed", timeout=10)
