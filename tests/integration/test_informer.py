@@ -16,6 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import signal
 import ssl
@@ -38,6 +39,7 @@ from kmodkit.core.runtime.informer import Informer, Lister, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import procs
+from kmodkit_dev.operator import token_kubeconfig
 from kmodkit_dev.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -433,3 +435,29 @@ def test_a_kind_served_since_is_looked_for_at_once_when_asked(
         assert ("", "g1") not in w.it.views()  # the next try is 600 s away
         w.loop.call_soon_threadsafe(w.it.look_again)
         wait_until(lambda: ("", "g1") in w.it.views(), "the kind listed", timeout=10)
+
+
+def test_a_kind_it_may_not_list_is_none_if_not_served_and_never_synced_if_served(
+    dev_cluster: devcluster.Cluster,
+    kube_api: Any,
+    namespace: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The apiserver authorizes before it routes: a client without list on a kind it does not
+    serve is answered 403, not 404. Such a kind has none (synced, as a 404 would make it: the
+    informer asks discovery first); a served kind the client may not list is never taken for
+    empty: its cache stays unsynced."""
+    account = "bare"
+    core: Any = client.CoreV1Api(kube_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    token = token_kubeconfig(dev_cluster.kubeconfig, namespace, account, kube_api, tmp_path / "kc")
+    absent = kind_lister(f"n{uuid.uuid4().hex[:8]}.kmodkit.test", "v1", "gadgets")
+    with Watching(token, dev_cluster.server, absent, backoff=(0.2, 1.0)) as w:
+        wait_until(w.it.synced.is_set, "a kind neither served nor ours to list to count as none")
+        assert w.it.views() == {}
+    caplog.set_level(logging.WARNING, logger="kmodkit.informer")
+    nodes = kind_lister("", "v1", "nodes")
+    with Watching(token, dev_cluster.server, nodes, backoff=(0.2, 1.0)) as w:
+        wait_until(lambda: "lacks list and watch" in caplog.text, "the forbidden list said")
+        assert not w.it.synced.is_set()

@@ -20,6 +20,12 @@ object that stops matching arrives as DELETED.
 A kind the apiserver does not serve (404: a CRD not installed, an API group the
 cluster lacks) has no objects: the cache is empty and synced, and the kind is
 listed again now and then (the backoff's longest wait), so it fills once served.
+The apiserver authorizes before it routes, so a client without list on a kind it
+does not serve is answered 403, not 404 (and an audit log shows a refusal):
+``kind_lister`` asks discovery, which every client may read, before each list,
+and a kind discovery does not name is not served. A 403 on a served kind stays
+an error: the cache is not synced and a pass waits, as it must not take "may
+not see any" for "there are none".
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ WATCH_TIMEOUT_SECONDS = 300
 BACKOFF_SECONDS = (0.2, 30.0)
 """First and longest wait before a failed list or watch is tried again (it doubles)."""
 REQUEST_TIMEOUT_SECONDS = 60.0
+FORBIDDEN_HINT = (
+    " (the operator's role lacks list and watch on this kind, so the passes that read it"
+    " wait: grant them, or enable the chart setting that does)"
+)
 
 
 class Gone(Exception):
@@ -63,7 +73,8 @@ class StatusError(Exception):
 
 
 class NotServed(Exception):
-    """The apiserver does not serve the kind (404 on the list)."""
+    """The apiserver does not serve the kind (404 on the list, or a 403 on a kind
+    discovery does not name)."""
 
 
 QUERY_NAMES = {
@@ -84,7 +95,8 @@ def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiC
     """The list (and watch) call of every object of one kind, in every namespace, for any
     kind the apiserver may serve (``/api/v1/pods``, ``/apis/apps/v1/daemonsets``, a CRD's):
     what a backend declares to watch, for which no generated call is named."""
-    path = f"/apis/{group}/{version}/{plural}" if group else f"/api/{version}/{plural}"
+    group_version = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    path = f"{group_version}/{plural}"
 
     def lister(api: aclient.ApiClient) -> Lister:
         async def call(
@@ -95,20 +107,42 @@ def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiC
                 for k, v in params.items()
                 if v is not None
             ]
-            untyped: Any = api  # call_api has no annotations
-            return await untyped.call_api(
-                path,
-                "GET",
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=_preload_content,
-                _request_timeout=_request_timeout,
-            )
+            starts_a_list = not params.get("watch") and not params.get("_continue")
+            if starts_a_list and not await _discovered(api, group_version, plural):
+                raise NotServed(f"{path}: not in the apiserver's discovery")
+            return await _get(api, path, query, _request_timeout, _preload_content)
 
         return call
 
     return lister
+
+
+async def _get(
+    api: aclient.ApiClient,
+    path: str,
+    query: list[tuple[str, Any]],
+    timeout: Any,
+    preload: bool = False,
+) -> Any:
+    untyped: Any = api  # call_api has no annotations
+    return await untyped.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=preload,
+        _request_timeout=timeout,
+    )
+
+
+async def _discovered(api: aclient.ApiClient, group_version: str, plural: str) -> bool:
+    """Whether the apiserver's discovery names ``plural`` in ``group_version``."""
+    try:
+        body = await _json(await _get(api, group_version, [], REQUEST_TIMEOUT_SECONDS))
+    except NotServed:
+        return False
+    return any(r.get("name") == plural for r in body.get("resources") or [])
 
 
 async def api_client() -> aclient.ApiClient:
@@ -126,6 +160,8 @@ async def _json(resp: Any) -> Any:
         raw = await resp.read()
     finally:
         resp.release()
+    if resp.status == 404:
+        raise NotServed(raw.decode(errors="replace"))
     if resp.status != 200:
         _raise_status(resp.status, raw.decode(errors="replace"))
     return json.loads(raw)
@@ -229,7 +265,8 @@ class Informer(Generic[V]):
                 raise
             except StatusError as err:
                 # An answer, not a lost connection: the watch is not to be trusted to resume.
-                log.warning("%s: %s; listing again in %.1fs", self.name, err, wait)
+                hint = FORBIDDEN_HINT if err.status == 403 else ""
+                log.warning("%s: %s%s; listing again in %.1fs", self.name, err, hint, wait)
                 listed = False
             except Exception as err:  # a dropped or refused connection: resume where we were
                 log.warning("%s: watch failed (%r); retrying in %.1fs", self.name, err, wait)
@@ -252,23 +289,23 @@ class Informer(Generic[V]):
         token: str | None = None
         version = ""
         while True:
-            resp = await self._lister(
-                limit=self._page,
-                _continue=token,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                **self._selectors,
-            )
             try:
-                body = await _json(resp)
-            except StatusError as err:
-                if err.status != 404 or token is not None:
-                    raise
-                # Not served: there is none of it, which a pass may rely on as on any list.
+                body = await _json(
+                    await self._lister(
+                        limit=self._page,
+                        _continue=token,
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                        **self._selectors,
+                    )
+                )
+            except NotServed:
+                # There is none of it (a CRD removed mid-list included), which a pass
+                # may rely on as on any list.
                 self._deliver(self.cache.replace_entries({}, ""))
                 self.lists += 1
                 self.synced.set()
-                raise NotServed(str(err)) from err
+                raise
             meta = body.get("metadata") or {}
             # Every page is served from the first page's snapshot.
             version = version or str(meta.get("resourceVersion") or "")
