@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-PEERING = "/apis/kopf.dev/"
+LEASES = "/apis/coordination.k8s.io/"
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, object]:
@@ -66,7 +66,7 @@ def swap(method: str, path: str, body: bytes) -> bool:
 
 
 def any_write(method: str, path: str, body: bytes) -> bool:
-    return method in WRITES and not path.startswith(PEERING) and "/events" not in path
+    return method in WRITES and not path.startswith(LEASES) and "/events" not in path
 
 
 TRAPS = {

@@ -24,7 +24,7 @@ The run, with a seed that is printed and settable (``KMODKIT_CHAOS_SEED``):
    killed and restarted; the registry answers 5xx, stalls, and refuses a wrong
    password; a node goes NotReady and comes back. A rollout that finishes is
    given a new target, so the kills keep landing on work.
-3. High availability: two replicas with peering; the active one is SIGKILLed
+3. High availability: two replicas sharing a Lease; the active one is SIGKILLed
    (never SIGTERMed) and the takeover timed.
 4. Calm: faults off, everything must finish: every node done and schedulable
    (the admin's cordon still there), gates restored, workloads whole, the
@@ -48,10 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from kmodkit.core.runtime.operator import PEER_LIFETIME_SECONDS
+from kmodkit.core.election import TIMING
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev import tenstorrent_demo as demo
@@ -65,7 +64,6 @@ from tests.chaos.replicas import Replica, activity_overlaps
 from tests.chaos.watch_feed import WatchFeed
 from tests.integration import registry_fronts
 from tests.integration.crds_util import install
-from tests.integration.helm import CHART
 from tests.integration.test_tt_support import FakeBuilder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
@@ -186,7 +184,6 @@ def _run(run: Run, world: w.World, registry: devregistry.Registry, front: Any) -
         },
     )
     _pull_secret(run, world, front)
-    _peering_crd(api)
     devcluster.add_nodes(run.cluster, world.nodes(), echo=run.log)
     core.patch_node(world.external_cordon, {"spec": {"unschedulable": True}})
 
@@ -260,29 +257,6 @@ def _overlaps(faults: ApiFaults, replicas: list[Replica]) -> list[str]:
         [(wr.at, wr.replica) for wr in faults.writes], {r.index: r.lives for r in replicas}
     )
     return [f"two replicas active at once: {o}" for o in spans]
-
-
-def _peering_crd(api: Any) -> None:
-    crd = yaml.safe_load((CHART / "crds" / "kopf.dev_clusterkopfpeerings.yaml").read_text())
-    client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
-    objects = client.CustomObjectsApi(api)
-    wait_until(
-        lambda: _try(
-            lambda: objects.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
-        ),
-        "the peering CRD to be served",
-    )
-    objects.create_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "chaos"}},
-    )  # fmt: skip
-
-
-def _try(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn() or True
-    except Exception:
-        return False
 
 
 def _trap_kill(run: Run, replicas: list[Replica], replica: int, trap: str) -> None:
@@ -457,7 +431,7 @@ def _high_availability(
 ) -> None:
     replicas[0].kill("to-ha")
     for r in replicas:
-        r.args = ("--peering", "chaos")
+        r.args = ("--lease", "chaos")
         r.restart()
     _bump(run, world, "driver")
     for _ in range(HA_KILLS):
@@ -479,7 +453,7 @@ def _high_availability(
         run.kills["ha-standby"] += 1
         run.log(f"killed the standby replica {standby}")
         replicas[standby].restart()
-        time.sleep(PEER_LIFETIME_SECONDS / 2)
+        time.sleep(TIMING.lease / 2)
 
 
 def _first_write_after(faults: ApiFaults, at: float, killed: Replica) -> Write:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.core.runtime.plugins import discover
-from kmodkit_dev.manifests import apply, wait_established
-from kmodkit_dev.operator import running_operator
+from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.versions import KUBERNETES_VERSION
-from kmodkit_dev.waiting import wait_gone, wait_until
+from kmodkit_dev.waiting import gone, wait_gone, wait_until
 from tests.integration.helm import CHART, HELMS, Helm, grants
 
 DIGEST = "sha256:" + "ab" * 32
@@ -41,6 +41,10 @@ def _operator_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def _env(docs: list[dict[str, Any]]) -> dict[str, str]:
     container = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _lease_rules(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in role.get("rules") or [] if "coordination.k8s.io" in r["apiGroups"]]
 
 
 # -- without a cluster ----------------------------------------------------------
@@ -68,7 +72,10 @@ def test_lint_is_clean_for_the_defaults_and_every_switch(each_helm: Helm) -> Non
     ("sets", "message"),
     [
         (["--set", "image.digest=latest"], "at '/image/digest'"),
-        (["--set", "controller.replicas=2,controller.peering=false"], "at '/controller/peering'"),
+        (
+            ["--set", "controller.replicas=2,controller.leaderElection=false"],
+            "at '/controller/leaderElection'",
+        ),
         (["--set", "contoller.replicas=1"], "additional properties 'contoller' not allowed"),
         (["--set", "controller.extraEnv.HTTPS_PROXY=1"], "at '/controller/extraEnv/HTTPS_PROXY'"),
         (["--set", "namespace.podSecurity=open"], "at '/namespace/podSecurity'"),
@@ -131,8 +138,39 @@ def test_a_disabled_backend_gets_no_permissions(helm: Helm) -> None:
     only_engine = helm.template(
         "--set", "backends.tenstorrent.enabled=false,backends.intel_xe.enabled=false"
     )
-    assert not [d for d in only_engine if d["kind"] == "Role"]
+    # The namespaced Role is left with the leader election's Lease, and without it is gone.
+    assert _one(only_engine, "Role")["rules"] == _lease_rules(_one(only_engine, "Role"))
     assert _env(only_engine)["KMODKIT_BACKENDS"] == "none"
+    alone = helm.template(
+        "--set", "backends.tenstorrent.enabled=false,backends.intel_xe.enabled=false",
+        "--set", "controller.leaderElection=false",
+    )  # fmt: skip
+    assert not [d for d in alone if d["kind"] == "Role"]
+
+
+def test_leader_election_may_write_the_releases_lease_only(helm: Helm) -> None:
+    """With controller.leaderElection (the default) every replica is told the Lease's name and
+    its own pod name, and the Role lets it create a Lease in the operator namespace and read
+    and write none but the release's; the chart renders no Lease itself (the operator makes
+    it). Without leaderElection there is neither the setting nor the permission."""
+    docs = helm.template()
+    assert _env(docs)["KMODKIT_LEASE"] == "kmodkit"  # the release's full name, as the Deployment's
+    container = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    role = _one(docs, "Role")
+    assert role["metadata"]["namespace"] == "kmodkit-system"
+    leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+    assert _lease_rules(role) == [
+        {**leases, "verbs": ["create"]},  # create cannot be limited to a name
+        {**leases, "resourceNames": ["kmodkit"], "verbs": ["get", "update"]},
+    ]
+    assert not _lease_rules(_operator_role(docs))
+    assert not [d for d in docs if d["kind"] == "Lease"]
+
+    off = helm.template("--set", "controller.leaderElection=false")
+    assert not {"KMODKIT_LEASE", "POD_NAME"} & set(_env(off))
+    assert not _lease_rules(_one(off, "Role"))
 
 
 def test_settings_reach_the_operator_as_the_backends_read_them(helm: Helm) -> None:
@@ -349,46 +387,65 @@ def test_install_test_upgrade_and_uninstall(
     # The admission policies were the release's: they go with it (only CRDs stay).
     policies = {p.metadata.name for p in admission.list_validating_admission_policy().items}
     assert "modules.kmodkit.io-name-length" not in policies
-    objects = client.CustomObjectsApi(kube_api)
-    peerings = objects.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")
-    assert name not in {p["metadata"]["name"] for p in peerings["items"]}
 
     wait_gone(lambda: client.CoreV1Api(kube_api).read_namespace(ns), f"namespace {ns}", 90)
+    # The operator's Lease is not the release's (the operator creates it and, stopping,
+    # releases it without deleting it; here kwok runs no operator, so there is none): one
+    # would have lived in the release's namespace and gone with it.
+    leases = client.CoordinationV1Api(kube_api)
+    assert gone(lambda: leases.read_namespaced_lease(f"{name}-kmodkit", ns))
     crds = client.ApiextensionsV1Api(kube_api)
-    for crd in ("modules.kmodkit.io", "clusterkopfpeerings.kopf.dev"):
-        assert crds.read_custom_resource_definition(crd).metadata.name == crd  # kept
+    crd = "modules.kmodkit.io"
+    assert crds.read_custom_resource_definition(crd).metadata.name == crd  # kept
 
 
 @pytest.mark.cluster
-def test_two_replicas_with_one_peering_take_turns(
-    kubeconfig: str, kube_api: Any, tmp_path: Path
+def test_two_replicas_with_one_lease_take_turns(
+    kubeconfig: str, kube_api: Any, namespace: str, tmp_path: Path
 ) -> None:
-    """controller.replicas > 1: one operator works, the other waits and takes over."""
-    crd = yaml.safe_load((CHART / "crds" / "kopf.dev_clusterkopfpeerings.yaml").read_text())
-    apply(kube_api, crd)
-    wait_established(kube_api, crd["metadata"]["name"])
-    peering = f"peers-{uuid.uuid4().hex[:6]}"
-    objects = client.CustomObjectsApi(kube_api)
-    objects.create_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
-    )  # fmt: skip
-    env = {"KMODKIT_BACKENDS": "none", "KMODKIT_PEERING": peering}
-    try:
-        with (
-            running_operator(kubeconfig, tmp_path / "a.log", **env) as a,
-            running_operator(kubeconfig, tmp_path / "b.log", **env) as b,
-        ):
-            # kopf starts paused and resumes only while no live peer has a higher priority.
-            resumed = "Resuming operations after the pause"
-            active = wait_until(
-                lambda: [op for op in (a, b) if resumed in op.logged()],
-                "one replica to become active",
-            )
-            time.sleep(3)  # the other has seen the active one in the peering: it stays paused
-            assert [op for op in (a, b) if resumed in op.logged()] == active
-            waiting = b if active[0] is a else a
-            active[0].stop()
-            wait_until(lambda: resumed in waiting.logged(), "the waiting replica to take over")
-    finally:
-        objects.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+    """controller.replicas > 1: two operators on one Lease both start and answer /healthz, but
+    only one holds the Lease (it keeps renewing it while the other keeps waiting), and when
+    the holder stops (SIGTERM) it releases the Lease and the waiting one takes it over at once,
+    well before the 15 s in which a dead holder's Lease would have to stay unchanged."""
+    lease = f"lease-{uuid.uuid4().hex[:6]}"
+    leases = client.CoordinationV1Api(kube_api)
+    env = {"KMODKIT_BACKENDS": "none", "KMODKIT_LEASE": lease, "KMODKIT_NAMESPACE": namespace}
+
+    def read() -> Any:
+        try:
+            return leases.read_namespaced_lease(lease, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def holder() -> str:
+        found = read()
+        return (found.spec.holder_identity or "") if found is not None else ""
+
+    # Each replica names itself in the Lease by its POD_NAME plus a random suffix.
+    with (
+        running_operator(kubeconfig, tmp_path / "a.log", **env, POD_NAME="replica-a") as a,
+        running_operator(kubeconfig, tmp_path / "b.log", **env, POD_NAME="replica-b") as b,
+    ):
+        pods: dict[str, Operator] = {"replica-a": a, "replica-b": b}
+
+        def holding() -> list[Operator]:
+            identity = holder()
+            return [op for pod, op in pods.items() if identity.startswith(pod)]
+
+        (active,) = wait_until(holding, "one replica to take the Lease")
+        waiting = b if active is a else a
+        first = read()
+        time.sleep(5)  # two renewals and more: the holder renews, the other stays waiting
+        later = read()
+        assert later.spec.holder_identity == first.spec.holder_identity, "the Lease changed hands"
+        assert later.metadata.resource_version != first.metadata.resource_version, "no renewal"
+        assert waiting.health() is not None, "the waiting replica answers /healthz"
+
+        active.stop()
+        wait_until(
+            lambda: holding() == [waiting],
+            "the waiting replica to take over the released Lease",
+            timeout=10,
+        )

@@ -51,11 +51,11 @@ def main() -> None:
     "(the chart serves it on 8081).",
 )
 @click.option(
-    "--peering",
-    envvar="KMODKIT_PEERING",
+    "--lease",
+    envvar="KMODKIT_LEASE",
     default="",
-    help="ClusterKopfPeering object shared by replicas, so only one is active at a time; "
-    "empty runs standalone (a single replica).",
+    help="Lease (in --namespace) the replicas share, so only one is active at a time; "
+    "empty runs a single replica.",
 )
 def run(
     namespace: str,
@@ -63,7 +63,7 @@ def run(
     health_host: str,
     backends: str,
     metrics_port: int,
-    peering: str,
+    lease: str,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig."""
     from kmodkit.core.runtime.operator import run_operator
@@ -74,7 +74,7 @@ def run(
             health_host=health_host,
             health_port=health_port,
             enabled=enabled_backends(backends),
-            peering=peering,
+            lease=lease,
             metrics_port=metrics_port,
         )
     )

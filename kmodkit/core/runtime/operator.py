@@ -8,11 +8,13 @@ any did not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import logging
 import os
-import random
 import sys
-import time
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -20,6 +22,7 @@ import kopf
 from kmodkit.core import labels
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.kube import Kube
+from kmodkit.core.runtime.lease import Lease, identity
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.plugins import Discovered, discover
 from kmodkit.core.runtime.resource_controller import ResourceController
@@ -29,6 +32,9 @@ MODULE_FINALIZER = f"{labels.KMODKIT_PREFIX}/module-finalizer"
 """Finalizer on kmodkit Modules: held until the module is unloaded everywhere."""
 
 log = logging.getLogger("kmodkit")
+
+LEASE_LOST_EXIT = 3
+"""The exit status of a replica that lost its Lease (its pod restarts as a standby)."""
 
 
 def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
@@ -45,7 +51,6 @@ def _configure(settings: kopf.OperatorSettings, namespace: str) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    settings.peering.lifetime = PEER_LIFETIME_SECONDS
 
 
 def build_registry(
@@ -96,28 +101,48 @@ def backend_settings() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("KMODKIT_")}
 
 
-PEER_LIFETIME_SECONDS = 20
-"""How long a silent replica counts as alive: a SIGKILLed active one is replaced this soon."""
+def _elected(name: str, namespace: str, health_host: str, health_port: int) -> Lease:
+    """Wait, answering health checks as a standby, until this process holds the Lease
+    ``name``; then keep it, ending the process the moment it cannot."""
+    # One try per request: a renewal must not hide a long wait in the client's retries.
+    lease = Lease(_api_client(retries=False), namespace, name, identity())
+    with standby_health(health_host, health_port):
+        lease.acquire()
+    lease.hold(lost=_end_now)
+    return lease
 
 
-def _peering(name: str) -> dict[str, Any]:
-    """kopf's arguments for running alone, or as one of several replicas.
-
-    Peers in one ClusterKopfPeering pause while a live peer of higher priority
-    exists. The priority falls with the start time (microseconds, plus a random
-    tie-break below them), so the oldest live replica is the active one: a
-    replica that starts (a restart, a rolling update) never takes over from one
-    that is working, which would leave both writing until the older one noticed.
-    Once the active one stops (or its keep-alives stop for
-    ``PEER_LIFETIME_SECONDS``), the next oldest takes over.
-    """
-    if not name:
-        return {"standalone": True}
-    started = time.time_ns() // 1000
-    return {"peering_name": name, "priority": ((1 << 52) - started) * 1024 + random.randrange(1024)}
+def _end_now() -> None:
+    # No cleanup: a replica that may no longer be the only one writes nothing more.
+    os._exit(LEASE_LOST_EXIT)
 
 
-def _api_client() -> Any:
+@contextlib.contextmanager
+def standby_health(host: str, port: int) -> Iterator[None]:
+    """Answer ``/healthz`` with 200 while this replica waits, so a rolling update sees it
+    ready; the port is handed to kopf's own endpoint once the wait ends."""
+
+    class Standby(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = self.path == "/healthz"
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            if found:
+                self.wfile.write(b'{"standby": true}')
+
+        def log_message(self, *_: Any) -> None:  # probes every few seconds: not news
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), Standby)
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _api_client(retries: bool = True) -> Any:
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -126,7 +151,10 @@ def _api_client() -> Any:
         cfg.load_incluster_config()
     except cfg.ConfigException:
         cfg.load_kube_config()
-    api = client.ApiClient()
+    config: Any = client.Configuration.get_default_copy()
+    if not retries:
+        config.retries = False
+    api = client.ApiClient(config)
     metrics.count_requests(api)
     return api
 
@@ -136,7 +164,7 @@ def run_operator(
     health_host: str,
     health_port: int,
     enabled: set[str] | None,
-    peering: str = "",
+    lease: str = "",
     metrics_port: int = 0,
 ) -> int:
     json_logs = not sys.stderr.isatty()
@@ -151,15 +179,20 @@ def run_operator(
     registry = build_registry(namespace, found, shared)
     metrics.register(registry)
     metrics.serve(metrics_port, health_host)
-    asyncio.run(
-        _serve(
-            shared,
-            registry=registry,
-            clusterwide=True,
-            liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
-            **_peering(peering),
+    held = _elected(lease, namespace, health_host, health_port) if lease else None
+    try:
+        asyncio.run(
+            _serve(
+                shared,
+                registry=registry,
+                clusterwide=True,
+                liveness_endpoint=f"http://{health_host}:{health_port}/healthz",
+                standalone=True,
+            )
         )
-    )
+    finally:
+        if held is not None:
+            held.release()
     return 0
 
 
