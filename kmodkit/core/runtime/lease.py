@@ -98,8 +98,11 @@ class Lease:
             )
             return None
         spec = lease.spec or client.V1LeaseSpec()
-        seen = observe(seen, spec.holder_identity or "", lease.metadata.resource_version, sent)
-        if not may_take(seen, self.me, self._clock(), self.timing):
+        # Seen when the answer came, not when asked: a renewal may land while the read is
+        # on its way, and the wait must count from no earlier than that.
+        read = self._clock()
+        seen = observe(seen, spec.holder_identity or "", lease.metadata.resource_version, read)
+        if not may_take(seen, self.me, read, self.timing):
             return seen
         now = _now()
         transitions = spec.lease_transitions or 0
