@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core.election import TIMING, Seen, Timing, may_take, must_stop, observe
+from kmodkit.core.runtime.kube import api_message
 
 log = logging.getLogger("kmodkit.lease")
 
@@ -77,7 +78,7 @@ class Lease:
                     said = seen.holder
                     log.info("waiting: %s is held by %s", self, said)
             except Exception as err:  # an error answer, a refused or dropped connection
-                log.warning("%s: %s", self, _said(err))
+                log.warning("%s: %s", self, api_message(err))
             time.sleep(self.timing.retry)
 
     def _try(self, seen: Seen | None) -> Seen | None:
@@ -121,10 +122,14 @@ class Lease:
         return self._leases.replace_namespaced_lease(self.name, self.namespace, lease, **self._t)
 
     def _spec(
-        self, acquired: datetime.datetime, renewed: datetime.datetime, transitions: int
+        self,
+        acquired: datetime.datetime | None,
+        renewed: datetime.datetime,
+        transitions: int,
+        holder: str | None = None,
     ) -> Any:
         return client.V1LeaseSpec(
-            holder_identity=self.me,
+            holder_identity=self.me if holder is None else holder,
             lease_duration_seconds=int(self.timing.lease),
             acquire_time=acquired,
             renew_time=renewed,
@@ -146,18 +151,18 @@ class Lease:
         try:
             self._landed(self._replace(lease), sent)
         except ApiException as err:
-            log.warning("renewing %s: %s", self, _said(err))
+            log.warning("renewing %s: %s", self, api_message(err))
             if err.status == 409:  # another write came between: whose?
                 return self._still_ours()
         except Exception as err:
-            log.warning("renewing %s: %s", self, _said(err))
+            log.warning("renewing %s: %s", self, api_message(err))
         return True
 
     def _still_ours(self) -> bool:
         try:
             lease = self._read()
         except Exception as err:
-            log.warning("reading %s: %s", self, _said(err))
+            log.warning("reading %s: %s", self, api_message(err))
             return True  # unknown: the deadline decides
         if (lease.spec and lease.spec.holder_identity) != self.me:
             log.error("%s was taken by %s", self, lease.spec and lease.spec.holder_identity)
@@ -204,20 +209,10 @@ class Lease:
         spec = self._held.spec
         lease = client.V1Lease(
             metadata=self._held.metadata,
-            spec=client.V1LeaseSpec(
-                holder_identity="",
-                lease_duration_seconds=spec.lease_duration_seconds,
-                lease_transitions=spec.lease_transitions,
-            ),
+            spec=self._spec(None, _now(), spec.lease_transitions or 0, holder=""),
         )
         try:
             self._replace(lease)
             log.info("released %s", self)
         except Exception as err:  # it expires on its own
-            log.warning("releasing %s: %s", self, _said(err))
-
-
-def _said(err: Exception) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return repr(err)
+            log.warning("releasing %s: %s", self, api_message(err))
