@@ -120,6 +120,28 @@ class LoaderPlan:
         return len(self.outcomes)
 
 
+@dataclass(frozen=True)
+class NeededImages:
+    """What a plan says about images, whatever their states: which images the targeted
+    nodes need (a node's image follows from its kernel alone) and which nodes need each."""
+
+    images: Mapping[str, ResolvedMapping]
+    nodes: Mapping[str, Sequence[NodeView]]
+
+    @classmethod
+    def of(cls, made: LoaderPlan) -> NeededImages:
+        return cls(made.needed_images, made.nodes_by_image)
+
+    def covers(self, made: LoaderPlan, states: Mapping[str, ImageStatus]) -> bool:
+        """Whether image states worked out for these images are those ``made`` needs: the
+        same images, and, unless every one exists (no build or sign to plan, for which
+        the nodes of each image are the candidates), the same nodes."""
+        if made.needed_images != self.images:
+            return False
+        every_one_exists = all(s.state is ImageState.EXISTS for s in states.values())
+        return every_one_exists or made.nodes_by_image == self.nodes
+
+
 def max_unavailable(value: int | str, targeted: int) -> int:
     """The budget as a node count: a percentage rounds down, never below one."""
     if isinstance(value, int):

@@ -32,6 +32,7 @@ from kmodkit.core.engine.build_plan import (
     DOCKERFILE_KEY,
     REPORTED_ANNOTATION,
     BuildJob,
+    BuildPlan,
     BuildSettings,
     build_job_view,
     plan_builds,
@@ -49,6 +50,7 @@ from kmodkit.core.engine.images import parse_image_reference
 from kmodkit.core.engine.loader_plan import (
     ImageState,
     LoaderPlan,
+    NeededImages,
     gated_on,
     labels_follow_pods,
     plan,
@@ -151,6 +153,8 @@ class ModuleController:
         self.plugin_pods: OwnedIndex[tuple[str, str], tuple[str, bool]] = OwnedIndex()
         # (namespace, module) -> its writes that landed but the caches do not show yet.
         self.unseen: dict[tuple[str, str], UnseenWrites] = {}
+        # (namespace, module) -> the images its last pass needed.
+        self.needed_images: dict[tuple[str, str], NeededImages] = {}
         self._reads = ThreadPoolExecutor(CONSUMER_READS, thread_name_prefix="kmodkit-read")
 
     @property
@@ -234,6 +238,7 @@ class ModuleController:
             finally:
                 metrics.forget(PLURAL, f"{namespace}/{name}")
                 self.unseen.pop(key, None)
+                self.needed_images.pop(key, None)
 
         @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
         def module_deleted(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
@@ -264,29 +269,42 @@ class ModuleController:
             self.writes.run(self._label_nodes(follow.node_labels, body, unseen).events)
             self._write_status(body, module_status(body, follow, invalid=str(err)))
             return None
-        first = plan(module, nodes, pods, {}, self.settings.loader)
         succeeded = {j.image for j in jobs if j.succeeded}
-        needed = {image: r.registry_tls for image, r in first.needed_images.items()}
-        existence = self._check_images(module, needed, succeeded)
-        # A signed image the registry lacks is made from its unsigned one: ask for that too.
-        unsigned = {
-            image: r.sign.unsigned_image_registry_tls if r.sign else None
-            for image, r in unsigned_images(first.needed_images, existence).items()
-        }
-        existence |= self._check_images(module, unsigned, succeeded)
-        builds = plan_builds(
-            module,
-            first.needed_images,
-            first.nodes_by_image,
-            nodes,
-            existence,
-            jobs,
-            functools.cache(
-                lambda cm: (self.kube.read_config_map(ns, cm) or {}).get(DOCKERFILE_KEY)
-            ),
-            self.settings.build,
-            time.time(),
+        dockerfile = functools.cache(
+            lambda cm: (self.kube.read_config_map(ns, cm) or {}).get(DOCKERFILE_KEY)
         )
+        now = time.time()
+
+        def builds_for(needed: NeededImages) -> BuildPlan:
+            """The images' states, and the build and sign Jobs they call for."""
+            tls = {image: r.registry_tls for image, r in needed.images.items()}
+            existence = self._check_images(module, tls, succeeded)
+            # A signed image the registry lacks is made from its unsigned one: ask for it too.
+            unsigned = {
+                image: r.sign.unsigned_image_registry_tls if r.sign else None
+                for image, r in unsigned_images(needed.images, existence).items()
+            }
+            existence |= self._check_images(module, unsigned, succeeded)
+            return plan_builds(
+                module,
+                needed.images,
+                needed.nodes,
+                nodes,
+                existence,
+                jobs,
+                dockerfile,
+                self.settings.build,
+                now,
+            )
+
+        # The plan needs the states of the images it needs. Those of the last pass are
+        # almost always the same, so a pass plans once (a whole-fleet plan is most of a
+        # pass's time at 10,000 nodes); on the first pass, or when the images or their
+        # nodes changed, it plans again with the right ones.
+        assumed = self.needed_images.get((ns, name)) or NeededImages.of(
+            plan(module, nodes, pods, {}, self.settings.loader)
+        )
+        builds = builds_for(assumed)
         consumers: dict[str, list[str]] = {}
 
         def final_plan() -> LoaderPlan:
@@ -299,6 +317,10 @@ class ModuleController:
             return plan(module, nodes, pods, builds.states, self.settings.loader, consumers)
 
         final = final_plan()
+        if not assumed.covers(final, builds.states):
+            builds = builds_for(NeededImages.of(final))
+            final = final_plan()
+        self.needed_images[(ns, name)] = NeededImages.of(final)
 
         owner = controller_reference({**body, **MODULE_REF})
         for job in builds.create:

@@ -17,6 +17,7 @@ from kmodkit.core.engine.loader_plan import (
     ImageState,
     ImageStatus,
     LoaderPlan,
+    NeededImages,
     NodeStep,
     Phase,
     Update,
@@ -817,3 +818,60 @@ def test_a_pod_stays_while_an_earlier_successor_of_it_holds_its_successors_name(
     assert (p.create, p.delete) == ([], [])
     (successor,) = plan(new, [a], [old], all_exist(new, [a]), SETTINGS, {"a": []}).create
     assert successor["metadata"]["name"] == going.name
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([K1, K2, "5.14.0-1"]),  # the last kernel matches no mapping
+            st.sampled_from(["none", "ready", "starting", "old", "other kernel"]),
+            st.booleans(),  # selected
+        ),
+        max_size=8,
+    ),
+    st.sampled_from(list(ImageState)),
+)
+def test_the_images_a_plan_needs_do_not_depend_on_their_states(
+    fleet: list[tuple[str, str, bool]], state: ImageState
+) -> None:
+    """A pass plans with the images' states it worked out for the images the last pass
+    needed, and plans again only when this plan needs others (``NeededImages.covers``):
+    which images, and which nodes need each, must follow from the nodes and pods alone."""
+    old, new = module(), module(version="2")
+    nodes, pods = [], []
+    for i, (kernel, pod, selected) in enumerate(fleet):
+        n = node(f"n{i}", kernel) if selected else replace(node(f"n{i}", kernel), labels={})
+        nodes.append(n)
+        # A pod runs a mapped kernel: the node's, or another one it booted from.
+        mapped = replace(n, kernel=kernel if kernel in (K1, K2) else K1)
+        if pod == "ready":
+            pods.append(running(new, mapped))
+        elif pod == "starting":
+            pods.append(running(new, mapped, ready=False))
+        elif pod == "old":
+            pods.append(running(old, mapped))
+        elif pod == "other kernel":
+            pods.append(running(new, replace(n, kernel=K2 if kernel == K1 else K1)))
+    unknown = plan(new, nodes, pods, {}, SETTINGS)
+    known = {f"r.io/xe:{kernel}": ImageStatus(state) for kernel in (K1, K2)}
+    stated = plan(new, nodes, pods, known, SETTINGS)
+    assert stated.needed_images == unknown.needed_images
+    assert stated.nodes_by_image == unknown.nodes_by_image
+    assert NeededImages.of(unknown).covers(stated, known)
+
+
+def test_needed_images_cover_a_plan_of_the_same_images_and_nodes_only() -> None:
+    m = module()
+    a, b = node("a", K1), node("b", K2)
+    both = plan(m, [a, b], [], {}, SETTINGS)
+    only_a = plan(m, [a], [], {}, SETTINGS)
+    exists = {i: ImageStatus(ImageState.EXISTS) for i in both.needed_images}
+    missing = {i: ImageStatus(ImageState.MISSING) for i in both.needed_images}
+    assert NeededImages.of(both).covers(plan(m, [a, b], [], exists, SETTINGS), exists)
+    assert not NeededImages.of(only_a).covers(both, exists)  # another image
+    # The same image, another node: only a build or sign (some image not there) cares.
+    a2 = node("a2", K1)
+    more = plan(m, [a, a2], [], {}, SETTINGS)
+    assert NeededImages.of(only_a).covers(more, {i: exists[i] for i in more.needed_images})
+    assert not NeededImages.of(only_a).covers(more, {i: missing[i] for i in more.needed_images})

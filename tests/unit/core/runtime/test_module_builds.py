@@ -1,4 +1,5 @@
-"""A Module pass posts build events and records them on the build Job, in that order.
+"""A Module pass posts build events and records them on the build Job, in that order; it
+plans with the states of the images it needs.
 
 The Kube here is a stand-in that records the calls the controller makes (no API
 server); the registry's answer is put in the controller's cache, so no registry
@@ -12,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from kmodkit.core.engine.build_plan import (
     REPORTED_ANNOTATION,
     BuildSettings,
     build_job_view,
 )
+from kmodkit.core.engine.loader_plan import plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.engine.registry import Answer, Existence
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.runtime import module_controller
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.module_controller import ModuleController, ModuleControllerSettings
 from kmodkit.core.runtime.watch_cache import Shared
@@ -143,3 +148,49 @@ def test_a_refused_event_is_not_recorded_so_the_next_pass_posts_it_again() -> No
     kube.refused.add("BuildStarted")
     controller.reconcile(_module(), [], [build_job_view({**job, "status": {"active": 1}})])
     assert _calls(kube, "event", "annotate_job") == [("event", "BuildStarted")]
+
+
+def test_a_pass_plans_the_fleet_once_when_it_needs_the_images_the_last_one_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plans = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        plans.append(1)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(module_controller, "plan", counted)
+    controller = _controller(RecordingKube(), Existence.EXISTS)
+    controller.reconcile(_module(), [], [])
+    assert len(plans) == 2  # the first pass learns which images it needs
+    plans.clear()
+    controller.reconcile(_module(), [], [])
+    assert len(plans) == 1
+
+
+def test_a_changed_image_is_planned_with_its_own_state_in_the_same_pass() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, Existence.EXISTS)
+    controller.reconcile(_module(), [], [])
+    kube.created.clear()
+    body = _module()
+    (mapping,) = body["spec"]["moduleLoader"]["container"]["kernelMappings"]
+    mapping["containerImage"] = "r.io/xe2:${KERNEL_FULL_VERSION}"
+    controller.answers.put((f"r.io/xe2:{KERNEL}", ""), Answer(Existence.EXISTS))
+    # On a node of its own: n1's pod is a create the caches have not shown yet.
+    del controller.shared.nodes["n1"]
+    controller.shared.nodes["n2"] = NodeView("n2", {}, KERNEL, "amd64", True)
+    controller.reconcile(body, [], [])
+    (pod,) = kube.created
+    assert pod["spec"]["initContainers"][0]["image"] == f"r.io/xe2:{KERNEL}"
+
+
+def test_a_node_able_to_build_since_the_last_pass_gets_its_build_in_this_one() -> None:
+    kube = RecordingKube()
+    controller = _controller(kube, Existence.MISSING)
+    controller.shared.nodes["n1"] = NodeView("n1", {}, KERNEL, "amd64", False)
+    controller.reconcile(_module(), [], [])
+    assert kube.created == []  # no ready node runs the kernel to build on
+    controller.shared.nodes["n1"] = NodeView("n1", {}, KERNEL, "amd64", True)
+    controller.reconcile(_module(), [], [])
+    assert [o["kind"] for o in kube.created] == ["Job"]
