@@ -4,11 +4,17 @@ One pod pinned to each node, waited on until kwok reports it Ready, then one lab
 patched on each node, from 32 client threads. The operator's convergence is measured
 against this in the same run, on the same cluster, so the ratio says what the
 operator adds, not how fast the machine is.
+
+The pod is ``minimal_pod`` (one container: the baseline the convergence goal is set
+against) unless the caller gives another: the bench also runs it with the operator's
+own loader pods, so that what the pods' size costs the apiserver and kwok is told apart
+from what the operator adds.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,7 +25,7 @@ NAMESPACE = "bench-baseline"
 LABEL = "bench.kmodkit.io/baseline"
 
 
-def _pod(node: str) -> dict[str, Any]:
+def minimal_pod(node: str) -> dict[str, Any]:
     return {
         "metadata": {"name": f"raw-{node}"},
         "spec": {
@@ -34,9 +40,10 @@ def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def run(api: Any, nodes: list[str]) -> float:
-    """Seconds from the first pod create to the last label; the pods are left for
-    ``clean`` (deleting them is no part of what is measured)."""
+def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minimal_pod) -> float:
+    """Seconds from the first pod create to the last label; the pods (``pod(node)``,
+    named ``raw-<node>``) are left for ``clean`` (deleting them is no part of what is
+    measured)."""
     core: Any = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     # A pod is refused until the controller-manager made the namespace's default account.
@@ -47,7 +54,7 @@ def run(api: Any, nodes: list[str]) -> float:
     untyped: Any = watch
     started = time.monotonic()
     with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, _pod(n)), nodes))
+        list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, pod(n)), nodes))
         listed = core.list_namespaced_pod(NAMESPACE)
         ready = {p.spec.node_name for p in listed.items if _ready(p)}
         stream = untyped.Watch().stream(

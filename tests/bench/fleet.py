@@ -18,12 +18,17 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
 
+from kmodkit.core.api import Module
+from kmodkit.core.engine.kernel_mapping import ResolvedMapping, resolve
+from kmodkit.core.engine.loader_pod import LoaderSettings, for_node, pod_template
+from kmodkit.core.nodes import NodeView
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import procs
 from kmodkit_dev import registry as devregistry
@@ -40,6 +45,7 @@ IDLE_SECONDS = 60
 JOINS = 50
 ROLLOUT_REPO = "bench-next"
 """The repository of the images the rollout step moves every node to (one per kernel)."""
+AGENT_IMAGE = "registry.invalid/kmodkit/agent:bench"
 SIMULATE_READY_AFTER = "kmodkit.io/simulate-ready-after"
 """A pod tolerating this taint turns Ready only this long after it is bound (kwok's stages)."""
 
@@ -48,6 +54,8 @@ SIMULATE_READY_AFTER = "kmodkit.io/simulate-ready-after"
 class Figures:
     nodes: int
     baseline_s: float = 0.0
+    loader_baseline_s: float = 0.0
+    """The baseline with the operator's loader pods in place of minimal ones."""
     converge_s: float = 0.0
     first_ready_s: float = 0.0
     peak_rss_mib: float = 0.0
@@ -68,6 +76,10 @@ class Figures:
     @property
     def ratio(self) -> float:
         return self.converge_s / self.baseline_s if self.baseline_s else 0.0
+
+    @property
+    def loader_ratio(self) -> float:
+        return self.converge_s / self.loader_baseline_s if self.loader_baseline_s else 0.0
 
 
 def rollout_settings() -> tuple[int, float]:
@@ -134,6 +146,26 @@ def module_body(image: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def loader_pods(image: str, kernels: dict[str, str]) -> Callable[[str], dict[str, Any]]:
+    """The loader pod the operator makes for each node (by the engine's own code, for the
+    bench's Module and ``kernels[node]``), named ``raw-<node>`` for the baseline."""
+    module = Module.model_validate(module_body(image))
+    settings = LoaderSettings(agent_image=AGENT_IMAGE)
+    templates = {}
+    for kernel in set(kernels.values()):
+        resolved = resolve(module, kernel)
+        assert isinstance(resolved, ResolvedMapping), resolved  # the Module maps "."
+        templates[kernel] = pod_template(module, resolved, settings)
+
+    def pod(node: str) -> dict[str, Any]:
+        view = NodeView(node, kernel=kernels[node])
+        made = for_node(templates[kernels[node]], module, view)
+        meta = {k: v for k, v in made["metadata"].items() if k != "namespace"}
+        return {**made, "metadata": {**meta, "name": f"raw-{node}"}}
+
+    return pod
 
 
 class Audit:
@@ -282,9 +314,10 @@ class Fleet:
         core: Any = client.CoreV1Api(self.api)
         self.core = core
         self.nodes = [f"b-{i:05d}" for i in range(n)]
+        self.kernels = {name: KERNELS[i % 3] for i, name in enumerate(self.nodes)}
         devcluster.add_nodes(
             self.cluster,
-            [node_manifest(name, KERNELS[i % 3], SELECTOR) for i, name in enumerate(self.nodes)],
+            [node_manifest(name, self.kernels[name], SELECTOR) for name in self.nodes],
             echo=lambda _m: None,
             timeout=max(300.0, n / 10),
         )
@@ -312,6 +345,7 @@ class Fleet:
         )
         self.audit = Audit(Path(self.cluster.log("audit")), f"system:serviceaccount:{NS}:operator")
         self.metrics_port = 0
+        self.image = f"{self.registry.host}/bench:${{KERNEL_FULL_VERSION}}"
 
     def launch_operator(self) -> tuple[Operator, int]:
         """``kmodkit run`` as the ServiceAccount, its metrics on a port of its own."""
@@ -322,7 +356,7 @@ class Fleet:
             "--metrics-port",
             str(port),
             KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
-            KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:bench",
+            KMODKIT_AGENT_IMAGE=AGENT_IMAGE,
         )
         self.metrics_port = port
         return op, port
@@ -330,6 +364,9 @@ class Fleet:
     def measure(self) -> Figures:
         figures = Figures(self.n)
         figures.baseline_s = baseline.run(self.api, self.nodes)
+        baseline.clean(self.api)
+        shaped = loader_pods(self.image, self.kernels)
+        figures.loader_baseline_s = baseline.run(self.api, self.nodes, shaped)
         baseline.clean(self.api)
         op, _ = self.launch_operator()
         op.wait_healthy(timeout=120)
@@ -357,7 +394,7 @@ class Fleet:
                 "v1alpha1",
                 NS,
                 "modules",
-                module_body(f"{self.registry.host}/bench:${{KERNEL_FULL_VERSION}}"),
+                module_body(self.image),
             )
             while (count := len(ready.items())) < self.n:
                 if count and not figures.first_ready_s:
