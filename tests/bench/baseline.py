@@ -13,6 +13,7 @@ from what the operator adds.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,14 +37,19 @@ def minimal_pod(node: str) -> dict[str, Any]:
     }
 
 
-def _ready(pod: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minimal_pod) -> float:
     """Seconds from the first pod create to the last label; the pods (``pod(node)``,
     named ``raw-<node>``) are left for ``clean`` (deleting them is no part of what is
-    measured)."""
+    measured).
+
+    Every answer is read as plain JSON: the client's models would cost this process
+    (and so the two cores it shares with the apiserver and kwok) more than the writes.
+    """
     core: Any = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     # A pod is refused until the controller-manager made the namespace's default account.
@@ -52,25 +58,32 @@ def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minim
     ).items:
         time.sleep(0.1)
     untyped: Any = watch
+    label = {"metadata": {"labels": {LABEL: "true"}}}
     started = time.monotonic()
     with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(lambda n: core.create_namespaced_pod(NAMESPACE, pod(n)), nodes))
-        listed = core.list_namespaced_pod(NAMESPACE)
-        ready = {p.spec.node_name for p in listed.items if _ready(p)}
+        list(
+            pool.map(
+                lambda n: (
+                    core.create_namespaced_pod(NAMESPACE, pod(n), _preload_content=False).data
+                ),
+                nodes,
+            )
+        )
+        listed = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)
+        ready = {p["spec"]["nodeName"] for p in listed["items"] if _ready(p)}
         stream = untyped.Watch().stream(
             core.list_namespaced_pod,
             NAMESPACE,
-            resource_version=listed.metadata.resource_version,
+            resource_version=listed["metadata"]["resourceVersion"],
             timeout_seconds=600,
+            deserialize=False,
         )
         for event in stream if len(ready) < len(nodes) else ():
             if _ready(event["object"]):
-                ready.add(event["object"].spec.node_name)
+                ready.add(event["object"]["spec"]["nodeName"])
                 if len(ready) == len(nodes):
                     break
-        list(
-            pool.map(lambda n: core.patch_node(n, {"metadata": {"labels": {LABEL: "true"}}}), nodes)
-        )
+        list(pool.map(lambda n: core.patch_node(n, label, _preload_content=False).data, nodes))
     return time.monotonic() - started
 
 
