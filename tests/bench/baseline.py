@@ -21,6 +21,8 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from kmodkit.core.rollout.observed import is_ready
+
 THREADS = 32
 NAMESPACE = "bench-baseline"
 LABEL = "bench.kmodkit.io/baseline"
@@ -35,11 +37,6 @@ def minimal_pod(node: str) -> dict[str, Any]:
             "containers": [{"name": "c", "image": "registry.invalid/raw:1"}],
         },
     }
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minimal_pod) -> float:
@@ -70,7 +67,7 @@ def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minim
             )
         )
         listed = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)
-        ready = {p["spec"]["nodeName"] for p in listed["items"] if _ready(p)}
+        ready = {p["spec"]["nodeName"] for p in listed["items"] if is_ready(p)}
         stream = untyped.Watch().stream(
             core.list_namespaced_pod,
             NAMESPACE,
@@ -79,7 +76,7 @@ def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minim
             deserialize=False,
         )
         for event in stream if len(ready) < len(nodes) else ():
-            if _ready(event["object"]):
+            if is_ready(event["object"]):
                 ready.add(event["object"]["spec"]["nodeName"])
                 if len(ready) == len(nodes):
                     break

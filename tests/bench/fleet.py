@@ -29,6 +29,7 @@ from kmodkit.core.api import Module
 from kmodkit.core.engine.kernel_mapping import ResolvedMapping, resolve
 from kmodkit.core.engine.loader_pod import LoaderSettings, for_node, pod_template
 from kmodkit.core.nodes import NodeView
+from kmodkit.core.rollout.observed import is_ready
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import procs
 from kmodkit_dev import registry as devregistry
@@ -238,10 +239,7 @@ def _not_rolled(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], repo: s
             and len(mine) == 1
             and not mine[0]["metadata"].get("deletionTimestamp")
             and (mine[0]["spec"].get("initContainers") or [{}])[0].get("image", "").startswith(repo)
-            and any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (mine[0].get("status") or {}).get("conditions") or []
-            )
+            and is_ready(mine[0])
         )
         if not done:
             late.append(name)
