@@ -207,9 +207,12 @@ def solo_apiserver(dev_cluster: devcluster.Cluster, tmp_path: Path) -> Iterator[
 
 class SoloApiserver:
     """A second kube-apiserver on the cluster's etcd: the cluster's apiserver's own
-    command line, with a port and audit log of its own and the watch cache off."""
+    command line, with a port and audit log of its own, the watch cache off and any
+    ``extra`` flags."""
 
-    def __init__(self, cluster: devcluster.Cluster, workdir: Path) -> None:
+    def __init__(
+        self, cluster: devcluster.Cluster, workdir: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         self.cluster = cluster
         self.port = procs.free_port()
         self.log = workdir / "solo-apiserver.log"
@@ -226,6 +229,7 @@ class SoloApiserver:
             "--watch-cache=false",
             # The cluster's own apiserver alone keeps the "kubernetes" Service's endpoints.
             "--endpoint-reconciler-type=none",
+            *extra,
         ]
         self.pid = 0
 
@@ -461,3 +465,105 @@ def test_a_kind_it_may_not_list_is_none_if_not_served_and_never_synced_if_served
     with Watching(token, dev_cluster.server, nodes, backoff=(0.2, 1.0)) as w:
         wait_until(lambda: "lacks list and watch" in caplog.text, "the forbidden list said")
         assert not w.it.synced.is_set()
+
+
+def _requests(audit: str, user: str, resource: str) -> list[tuple[str, str]]:
+    """(verb, requestURI) of each request ``user`` made on ``resource``, from an audit log."""
+    seen = []
+    for line in Path(audit).read_text(errors="replace").splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (
+            event["user"]["username"] == user
+            and ref.get("resource") == resource
+            and event["stage"] in ("ResponseStarted", "ResponseComplete")
+        ):
+            seen.append((event["auditID"], event["verb"], event["requestURI"]))
+    # A watch is audited when its response starts and again when it ends: once here.
+    return list({audit_id: (verb, uri) for audit_id, verb, uri in seen}.values())
+
+
+@pytest.fixture
+def node_reader(
+    dev_cluster: devcluster.Cluster, kube_api: Any, namespace: str, tmp_path: Path
+) -> Iterator[tuple[Path, str]]:
+    """A ServiceAccount that may list and watch nodes (the audit log records service
+    accounts): its kubeconfig and its user name."""
+    core: Any = client.CoreV1Api(kube_api)
+    rbac: Any = client.RbacAuthorizationV1Api(kube_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
+    name = f"inf-reader-{namespace}"
+    rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": [rule]})
+    subject = {"kind": "ServiceAccount", "name": "reader", "namespace": namespace}
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    rbac.create_cluster_role_binding(
+        {"metadata": {"name": name}, "roleRef": ref, "subjects": [subject]}
+    )
+    try:
+        kc = token_kubeconfig(
+            dev_cluster.kubeconfig, namespace, "reader", kube_api, tmp_path / "kc"
+        )
+        yield kc, f"system:serviceaccount:{namespace}:reader"
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+
+
+def test_a_list_is_one_watch_streaming_every_object_that_goes_on_as_the_watch(
+    dev_cluster: devcluster.Cluster, kube_api: Any, tag: str, node_reader: tuple[Path, str]
+) -> None:
+    """The apiserver serves watch-lists: the informer's list is a watch whose initial
+    events land whole (a list, by the count) and which then delivers later changes; the
+    audit log shows that one request and no list."""
+    kubeconfig, user = node_reader
+    a, b, c = (f"inf-{tag}-{x}" for x in "abc")
+    uids = _create(kube_api, _node(a, tag), _node(b, tag))
+    with Watching(kubeconfig, dev_cluster.server, label_selector=f"{LABEL}={tag}") as w:
+        wait_until(lambda: w.uids() == uids, "the nodes to be listed")
+        assert w.it.lists == 1 and w.it.watch_lists
+        # Both arrived in one delivery, as a list's difference does.
+        assert sorted(ch.key for ch in w.changes[:2]) == [("", a), ("", b)]
+        uids |= _create(kube_api, _node(c, tag))
+        wait_until(lambda: w.uids() == uids, "a node created after the list")
+        assert w.it.lists == 1
+    requests = _requests(dev_cluster.log("audit"), user, "nodes")
+    assert len(requests) == 1, requests
+    verb, uri = requests[0]
+    assert verb == "watch" and "sendinitialevents=true" in uri.lower(), requests
+
+
+@pytest.fixture
+def solo_without_watch_lists(
+    dev_cluster: devcluster.Cluster, tmp_path: Path
+) -> Iterator[SoloApiserver]:
+    solo = SoloApiserver(dev_cluster, tmp_path, ("--feature-gates=WatchList=false",))
+    solo.start()
+    try:
+        yield solo
+    finally:
+        solo.stop()
+
+
+def test_an_apiserver_without_watch_lists_is_listed_in_pages(
+    dev_cluster: devcluster.Cluster,
+    kube_api: Any,
+    tag: str,
+    solo_without_watch_lists: SoloApiserver,
+) -> None:
+    """An apiserver that refuses the watch-list (here one with its WatchList feature off,
+    as before Kubernetes 1.32) is listed in pages, two a page here, and then watched."""
+    names = [f"inf-{tag}-{i}" for i in range(5)]
+    uids = _create(kube_api, *(_node(n, tag) for n in names))
+    with Watching(
+        dev_cluster.kubeconfig,
+        solo_without_watch_lists.server,
+        label_selector=f"{LABEL}={tag}",
+        page=2,
+    ) as w:
+        wait_until(lambda: w.uids() == uids, "the nodes to be listed")
+        assert not w.it.watch_lists and w.it.lists == 1
+        late = f"inf-{tag}-late"
+        uids |= _create(kube_api, _node(late, tag))
+        wait_until(lambda: w.uids() == uids, "a node created after the list")
+        assert w.it.lists == 1

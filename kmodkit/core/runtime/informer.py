@@ -1,12 +1,20 @@
 """One list+watch per kind, on kubernetes_asyncio, into an InformerCache.
 
-The loop: a paged list (``limit``, ``continue``) becomes the cache; a watch
-starts at the list's resourceVersion with bookmarks on and a server-side
-timeout, and each event (and bookmark) advances the resourceVersion the next
-watch resumes from. A watch that ends (its timeout, a dropped connection, an
-apiserver restart) is resumed from there after a backoff; the apiserver
-answers 410 Gone when it no longer holds that history, and only then is the
-kind listed again.
+The loop: a list becomes the cache; a watch starts at the list's
+resourceVersion with bookmarks on and a server-side timeout, and each event
+(and bookmark) advances the resourceVersion the next watch resumes from. A
+watch that ends (its timeout, a dropped connection, an apiserver restart) is
+resumed from there after a backoff; the apiserver answers 410 Gone when it no
+longer holds that history, and only then is the kind listed again.
+
+A list is a watch-list where the apiserver serves one (Kubernetes 1.32 and
+later): a watch with ``sendInitialEvents`` streams every object as ADDED, then
+a bookmark marked ``k8s.io/initial-events-end`` that says they are all there,
+and goes on as the watch. The apiserver encodes while the informer decodes,
+with no round trip per page and one object in memory at a time: at 10,000
+loader pods it lands in about half the time of a paged list. An apiserver that
+refuses it (400 or 422: older ones forbid ``resourceVersionMatch`` on a watch)
+is listed in pages (``limit``, ``continue``) from then on.
 
 A relist keeps serving the old cache until the new list has landed, then
 swaps it in whole and reports the difference (deletes missed while
@@ -40,7 +48,16 @@ from typing import Any, Generic
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 
-from kmodkit.core.runtime.informer_cache import Change, Entry, InformerCache, Key, V, key_of
+from kmodkit.core.runtime.informer_cache import (
+    BOOKMARK,
+    Change,
+    Entry,
+    InformerCache,
+    Key,
+    V,
+    key_of,
+    meta_of,
+)
 
 log = logging.getLogger("kmodkit.informer")
 
@@ -52,6 +69,9 @@ Lister = Callable[..., Awaitable[Any]]
 ``list_namespaced_pod`` with its namespace, ..."""
 
 PAGE = 500
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+"""The annotation of the bookmark that ends a watch-list's initial events."""
+REFUSED_WATCH_LIST = (400, 422)
 WATCH_TIMEOUT_SECONDS = 300
 BACKOFF_SECONDS = (0.2, 30.0)
 """First and longest wait before a failed list or watch is tried again (it doubles)."""
@@ -86,6 +106,8 @@ QUERY_NAMES = {
     "resource_version": "resourceVersion",
     "allow_watch_bookmarks": "allowWatchBookmarks",
     "timeout_seconds": "timeoutSeconds",
+    "send_initial_events": "sendInitialEvents",
+    "resource_version_match": "resourceVersionMatch",
 }
 """The informer's list and watch parameters, as the generated clients name them and as
 the apiserver does."""
@@ -107,7 +129,9 @@ def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiC
                 for k, v in params.items()
                 if v is not None
             ]
-            starts_a_list = not params.get("watch") and not params.get("_continue")
+            starts_a_list = (
+                not params.get("watch") or params.get("send_initial_events")
+            ) and not params.get("_continue")
             if starts_a_list and not await _discovered(api, group_version, plural):
                 raise NotServed(f"{path}: not in the apiserver's discovery")
             return await _get(api, path, query, _request_timeout, _preload_content)
@@ -160,8 +184,6 @@ async def _json(resp: Any) -> Any:
         raw = await resp.read()
     finally:
         resp.release()
-    if resp.status == 404:
-        raise NotServed(raw.decode(errors="replace"))
     if resp.status != 200:
         _raise_status(resp.status, raw.decode(errors="replace"))
     return json.loads(raw)
@@ -175,6 +197,8 @@ def _item_kind(listed: Mapping[str, Any]) -> str:
 def _raise_status(status: int, message: str) -> None:
     if status == 410:
         raise Gone(message)
+    if status == 404:
+        raise NotServed(message)
     raise StatusError(status, message)
 
 
@@ -208,6 +232,9 @@ class Informer(Generic[V]):
         self.synced = asyncio.Event()
         self.lists = 0
         """Lists that landed: 1 after the start, one more per relist."""
+        self.watch_lists = True
+        """Lists are watch-lists (until the apiserver refuses one)."""
+        self._listed = False
         self._lister = lister
         self._selectors = {
             k: v
@@ -243,31 +270,41 @@ class Informer(Generic[V]):
             self._task = None
 
     async def run(self) -> None:
-        listed = False
         wait = self._backoff[0]
         while True:
             try:
-                if not listed:
+                if self._listed:
+                    await self._watch()
+                elif self.watch_lists:
+                    await self._watch(initial=True)
+                else:
                     await self._list()
-                    listed = True
-                await self._watch()
+                    continue
                 wait = self._backoff[0]
                 continue  # the server's timeout ended it: resume at once
             except Gone as err:
                 log.info("%s: history gone (%s); listing again", self.name, err)
-                listed = False
+                self._listed = False
                 continue
             except NotServed:
-                # Said once; the kind is looked for again at every backoff.
+                # There is none of it (a CRD removed mid-list included), which a pass
+                # may rely on as on any list. Said once; the kind is looked for again
+                # at every backoff.
+                self._land({}, "")
+                self._listed = False
                 level = logging.DEBUG if self.lists > 1 else logging.INFO
                 log.log(level, "%s: not served by the apiserver; none there", self.name)
             except asyncio.CancelledError:
                 raise
             except StatusError as err:
+                if not self._listed and self.watch_lists and err.status in REFUSED_WATCH_LIST:
+                    log.info("%s: no watch-list here (%s); listing in pages", self.name, err)
+                    self.watch_lists = False
+                    continue
                 # An answer, not a lost connection: the watch is not to be trusted to resume.
                 hint = FORBIDDEN_HINT if err.status == 403 else ""
                 log.warning("%s: %s%s; listing again in %.1fs", self.name, err, hint, wait)
-                listed = False
+                self._listed = False
             except Exception as err:  # a dropped or refused connection: resume where we were
                 log.warning("%s: watch failed (%r); retrying in %.1fs", self.name, err, wait)
             with contextlib.suppress(TimeoutError):
@@ -284,28 +321,28 @@ class Informer(Generic[V]):
             except Exception:
                 log.exception("%s: a subscriber failed on %d changes", self.name, len(changes))
 
+    def _land(self, fresh: dict[Key, Entry[V]], version: str) -> None:
+        """A whole listing (``fresh``, as of ``version``) becomes the cache."""
+        self._deliver(self.cache.replace_entries(fresh, version))
+        self._listed = True
+        self.lists += 1
+        self.synced.set()
+
     async def _list(self) -> None:
+        """A paged list, for an apiserver without watch-lists."""
         fresh: dict[Key, Entry[V]] = {}
         token: str | None = None
         version = ""
         while True:
-            try:
-                body = await _json(
-                    await self._lister(
-                        limit=self._page,
-                        _continue=token,
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                        **self._selectors,
-                    )
+            body = await _json(
+                await self._lister(
+                    limit=self._page,
+                    _continue=token,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    **self._selectors,
                 )
-            except NotServed:
-                # There is none of it (a CRD removed mid-list included), which a pass
-                # may rely on as on any list.
-                self._deliver(self.cache.replace_entries({}, ""))
-                self.lists += 1
-                self.synced.set()
-                raise
+            )
             meta = body.get("metadata") or {}
             # Every page is served from the first page's snapshot.
             version = version or str(meta.get("resourceVersion") or "")
@@ -317,22 +354,28 @@ class Informer(Generic[V]):
             token = meta.get("continue") or None
             if token is None:
                 break
-        self._deliver(self.cache.replace_entries(fresh, version))
-        self.lists += 1
-        self.synced.set()
+        self._land(fresh, version)
 
-    async def _watch(self) -> None:
+    async def _watch(self, *, initial: bool = False) -> None:
+        """Watch from the cache's resourceVersion; ``initial``: a watch-list, whose
+        initial events land as a list does before the watch goes on."""
+        since: dict[str, Any] = (
+            {"send_initial_events": True, "resource_version_match": "NotOlderThan"}
+            if initial
+            else {"resource_version": self.cache.resource_version}
+        )
         resp = await self._lister(
             watch=True,
-            resource_version=self.cache.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=self._watch_timeout,
             _preload_content=False,
             # (connect, read): the server ends the watch after timeout_seconds, so
             # silence much longer than that is a connection that died without a word.
             _request_timeout=(10, self._watch_timeout + REQUEST_TIMEOUT_SECONDS),
+            **since,
             **self._selectors,
         )
+        fresh: dict[Key, Entry[V]] | None = {} if initial else None
         try:
             if resp.status != 200:
                 _raise_status(resp.status, (await resp.read()).decode(errors="replace"))
@@ -341,8 +384,14 @@ class Informer(Generic[V]):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     _raise_status(int(obj.get("code") or 0), str(obj.get("message") or obj))
-                change = self.cache.apply(str(kind), obj)
-                if change is not None:
-                    self._deliver([change])
+                if fresh is None:
+                    change = self.cache.apply(str(kind), obj)
+                    if change is not None:
+                        self._deliver([change])
+                elif kind != BOOKMARK:
+                    fresh[key_of(obj)] = self.cache.entry(obj)  # each object once, as ADDED
+                elif (meta_of(obj).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                    self._land(fresh, str(meta_of(obj).get("resourceVersion") or ""))
+                    fresh = None
         finally:
             resp.close()  # a watch cut short leaves unread bytes: never back into the pool

@@ -48,7 +48,7 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
@@ -69,7 +69,7 @@ class InformerCache(Generic[V]):
         return {k: e.view for k, e in self.entries.items()}
 
     def entry(self, obj: Mapping[str, Any]) -> Entry[V]:
-        meta = _meta(obj)
+        meta = meta_of(obj)
         return Entry(
             str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), self._view(obj)
         )
@@ -103,7 +103,7 @@ class InformerCache(Generic[V]):
         A DELETED for another uid than the one cached (an older incarnation of a
         name re-created since) removes nothing.
         """
-        rv = str(_meta(obj).get("resourceVersion") or "")
+        rv = str(meta_of(obj).get("resourceVersion") or "")
         if rv:
             self.resource_version = rv
         if event_type == BOOKMARK:
@@ -111,7 +111,7 @@ class InformerCache(Generic[V]):
         key = key_of(obj)
         before = self.entries.get(key)
         if event_type == DELETED:
-            uid = str(_meta(obj).get("uid") or "")
+            uid = str(meta_of(obj).get("uid") or "")
             if before is None or (uid and before.uid and uid != before.uid):
                 return None
             del self.entries[key]
