@@ -34,6 +34,7 @@ NODE_LEASE_SECONDS = 1200
 own: at 10 s (a kubelet's default 40 s lease) 10,000 nodes are 1,000 writes a second, more
 than the whole two-core machine the simulated fleet shares with what it measures."""
 NODE_GRACE = "1h"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 """How long the controller-manager waits for a renewal before it marks a node NotReady:
 several renewals, however late kwok is under load."""
 # Processes in start order; stopped in reverse.
@@ -365,25 +366,50 @@ def api_client(cluster: Cluster) -> Any:
 def add_nodes(
     cluster: Cluster, manifests: list[dict[str, Any]], echo: Echo = _say, timeout: float = 300.0
 ) -> None:
-    """Create kwok nodes and wait until every one is Ready."""
+    """Create kwok nodes and wait until every one is Ready and untainted.
+
+    The apiserver gives each new node the ``node.kubernetes.io/not-ready`` taint, which the
+    controller-manager takes off once the node is Ready: at once in a normal cluster, but
+    here, with thousands of nodes created in a minute on two cores, over the best part of
+    an hour, each removal a change to the node. So it is taken off here, as soon as kwok
+    marks the node Ready, and a test or benchmark starts on a fleet at rest.
+    """
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     api: Any = client.CoreV1Api(api_client(cluster))
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(api.create_node, manifests))
     names = {m["metadata"]["name"] for m in manifests}
     deadline = time.monotonic() + timeout
+
+    def untaint(node: Any) -> None:
+        kept = [t.to_dict() for t in node.spec.taints or [] if t.key != NOT_READY_TAINT]
+        rv = node.metadata.resource_version
+        body = {"metadata": {"resourceVersion": rv}, "spec": {"taints": kept or None}}
+        try:
+            api.patch_node(node.metadata.name, body)
+        except ApiException as err:
+            if err.status != 409:  # changed since: looked at again on the next round
+                raise
+
     while True:
-        ready = {
-            n.metadata.name
-            for n in api.list_node(label_selector="type=kwok").items
+        listed = [
+            n for n in api.list_node(label_selector="type=kwok").items if n.metadata.name in names
+        ]
+        ready = [
+            n
+            for n in listed
             if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        }
-        if names <= ready:
+        ]
+        tainted = [n for n in ready if any(t.key == NOT_READY_TAINT for t in n.spec.taints or [])]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(untaint, tainted))
+        if len(ready) == len(names) and not tainted:
             echo(f"devcluster:   {len(names)} kwok nodes Ready")
             return
         if time.monotonic() > deadline:
-            missing = sorted(names - ready)
+            missing = sorted(names - {n.metadata.name for n in ready})
             raise ClusterError(
                 f"{len(missing)} kwok nodes not Ready after {timeout:.0f}s "
                 f"(e.g. {', '.join(missing[:5])}); see {cluster.log('kwok')}"

@@ -52,9 +52,13 @@ def node_manifest(
         "metadata": {
             "name": name,
             "annotations": {KWOK_ANNOTATION: "fake"},
+            # The beta labels are the controller-manager's to add, which it does late
+            # under a big fleet (see cluster.add_nodes): each node is born with them.
             "labels": {
                 "kubernetes.io/arch": arch,
                 "kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": arch,
+                "beta.kubernetes.io/os": "linux",
                 "kubernetes.io/hostname": name,
                 "type": "kwok",
                 **(labels or {}),
