@@ -11,16 +11,18 @@ from tests.bench.fleet import Figures
 def table(rows: Sequence[Figures]) -> str:
     head = (
         "| nodes | raw baseline | kmodkit converges | ratio (goal ≤ 1.5) "
-        "| raw baseline, loader pods | ratio to it | first node ready "
+        "| raw baseline, loader pods | ratio to it | CPU while converging: operator, apiserver "
+        "| first node ready "
         "| peak RSS (≤ 250 MiB) | writes/node (≤ 3) | idle writes/min (0) "
         "| restart to first pass (≤ 10 s) | writes in restart (0) | join p99 (≤ 2 s) "
         "| rollout | rollout bound | rollout ratio (≤ 1.2) | rollout writes/node |"
     )
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 18]
     for f in rows:
         lines.append(
             f"| {f.nodes:,} | {f.baseline_s:.1f} s | {f.converge_s:.1f} s | {f.ratio:.2f}x "
             f"| {f.loader_baseline_s:.1f} s | {f.loader_ratio:.2f}x "
+            f"| {f.converge_cpu_s:.0f} s, {f.converge_apiserver_cpu_s:.0f} s "
             f"| {f.first_ready_s:.1f} s | {f.peak_rss_mib:.0f} MiB | {f.writes_per_node:.2f} "
             f"| {f.idle_writes_per_min:.0f} | {f.restart_s:.1f} s | {f.restart_writes} "
             f"| {f.join_p99_s:.2f} s | {_rollout(f)} |"
