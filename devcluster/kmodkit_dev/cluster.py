@@ -34,9 +34,9 @@ NODE_LEASE_SECONDS = 1200
 own: at 10 s (a kubelet's default 40 s lease) 10,000 nodes are 1,000 writes a second, more
 than the whole two-core machine the simulated fleet shares with what it measures."""
 NODE_GRACE = "1h"
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 """How long the controller-manager waits for a renewal before it marks a node NotReady:
 several renewals, however late kwok is under load."""
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # Processes in start order; stopped in reverse.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 

@@ -1,5 +1,6 @@
 """The informer on the real control plane: selectors, re-created names, bookmarks,
-apiserver restarts mid-watch and a watch whose history was compacted away (410).
+apiserver restarts mid-watch, a watch whose history was compacted away (410), lists by
+watch-list and, on an apiserver without them, in pages.
 
 Nodes here are plain Node objects of the test's own label (no kwok kubelet:
 nothing in these tests needs one). Two tests run a second kube-apiserver of
