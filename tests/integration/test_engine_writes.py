@@ -10,7 +10,6 @@ with its metrics served, where the write pool's high-water mark
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 import uuid
@@ -21,8 +20,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit_dev import audit, procs
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import procs
 from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, launch, token_kubeconfig
 from kmodkit_dev.registry import Registry
@@ -239,13 +238,10 @@ def _audited(
     dev_cluster: devcluster.Cluster, user: str, verb: str, resource: str
 ) -> list[dict[str, Any]]:
     """The audit log's records of ``user``'s ``verb`` requests on ``resource``."""
-    log = Path(dev_cluster.log("audit")).read_text(errors="replace")
-    records = [json.loads(line) for line in log.splitlines() if f'"username":"{user}"' in line]
     return [
         r
-        for r in records
-        if r.get("stage") == "ResponseComplete"
-        and r.get("verb") == verb
+        for r in audit.requests(dev_cluster.log("audit"), user)
+        if r.get("verb") == verb
         and (r.get("objectRef") or {}).get("resource") == resource
         and not (r.get("objectRef") or {}).get("subresource")
     ]

@@ -38,8 +38,8 @@ from kubernetes_asyncio import config as aconfig
 from kmodkit.core.nodes import slim_node
 from kmodkit.core.runtime.informer import Informer, Lister, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
+from kmodkit_dev import audit, procs
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import procs
 from kmodkit_dev.operator import token_kubeconfig
 from kmodkit_dev.waiting import wait_until
 
@@ -468,22 +468,6 @@ def test_a_kind_it_may_not_list_is_none_if_not_served_and_never_synced_if_served
         assert not w.it.synced.is_set()
 
 
-def _requests(audit: str, user: str, resource: str) -> list[tuple[str, str]]:
-    """(verb, requestURI) of each request ``user`` made on ``resource``, from an audit log."""
-    seen = []
-    for line in Path(audit).read_text(errors="replace").splitlines():
-        event = json.loads(line)
-        ref = event.get("objectRef") or {}
-        if (
-            event["user"]["username"] == user
-            and ref.get("resource") == resource
-            and event["stage"] in ("ResponseStarted", "ResponseComplete")
-        ):
-            seen.append((event["auditID"], event["verb"], event["requestURI"]))
-    # A watch is audited when its response starts and again when it ends: once here.
-    return list({audit_id: (verb, uri) for audit_id, verb, uri in seen}.values())
-
-
 @pytest.fixture
 def node_reader(
     dev_cluster: devcluster.Cluster, kube_api: Any, namespace: str, tmp_path: Path
@@ -528,7 +512,11 @@ def test_a_list_is_one_watch_streaming_every_object_that_goes_on_as_the_watch(
         uids |= _create(kube_api, _node(c, tag))
         wait_until(lambda: w.uids() == uids, "a node created after the list")
         assert w.it.lists == 1
-    requests = _requests(dev_cluster.log("audit"), user, "nodes")
+    requests = [
+        (r["verb"], r["requestURI"])
+        for r in audit.requests(dev_cluster.log("audit"), user)
+        if r["objectRef"].get("resource") == "nodes"
+    ]
     assert len(requests) == 1, requests
     verb, uri = requests[0]
     assert verb == "watch" and "sendinitialevents=true" in uri.lower(), requests

@@ -41,7 +41,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from kmodkit.backends.intel_xe import device_plugin, dra_driver, xpu_manager
-from kmodkit_dev import build, procs
+from kmodkit_dev import audit, build, procs
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
 from kmodkit_dev.nodes import node_manifest
@@ -102,9 +102,8 @@ def justified() -> set[Grant]:
 def used_and_refused(audit_log: Path, user: str) -> tuple[set[Grant], list[str]]:
     used: set[Grant] = set()
     refused = []
-    for line in audit_log.read_text(encoding="utf-8").splitlines():
-        ev = json.loads(line)
-        if ev.get("user", {}).get("username") != user or "objectRef" not in ev:
+    for ev in audit.requests(audit_log, user):
+        if "objectRef" not in ev:
             continue
         ref = ev["objectRef"]
         resource = ref.get("resource", "")
