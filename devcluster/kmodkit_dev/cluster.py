@@ -403,8 +403,9 @@ def add_nodes(
             if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
         ]
         tainted = [n for n in ready if any(t.key == NOT_READY_TAINT for t in n.spec.taints or [])]
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(untaint, tainted))
+        if tainted:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(untaint, tainted))
         if len(ready) == len(names) and not tainted:
             echo(f"devcluster:   {len(names)} kwok nodes Ready")
             return
