@@ -35,6 +35,8 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit.core.sending import send
+
 log = logging.getLogger(__name__)
 
 ONCE = math.inf
@@ -199,7 +201,7 @@ class Recorder:
                 if err.status != 404:  # expired (Events live an hour): post it anew
                     raise
         try:
-            self.core.create_namespaced_event(ev.namespace, cast(Any, _body(ev, write, at)))
+            send(self.core.create_namespaced_event, ev.namespace, cast(Any, _body(ev, write, at)))
             return 1
         except ApiException as err:
             if err.status != 409:
@@ -214,7 +216,7 @@ class Recorder:
 
     def _bump(self, ev: Event, name: str, message: str, count: int, at: datetime) -> None:
         patch = {"count": count, "lastTimestamp": _time(at), "message": message}
-        self.core.patch_namespaced_event(name, ev.namespace, patch)
+        send(self.core.patch_namespaced_event, name, ev.namespace, patch)
 
 
 def _body(ev: Event, write: Write, at: datetime) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.labels import FIELD_MANAGER
 from kmodkit.core.rollout.observed import PodView
 from kmodkit.core.rollout.plan import NodePatch
+from kmodkit.core.sending import send
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -46,15 +47,20 @@ def patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) -> str |
     so it proves the observed node current without changing it.
     """
     try:
-        node: Any = core.patch_node(
-            name, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+        # Raw JSON, not the client's models (see kmodkit.core.sending): a node is large.
+        answer: Any = core.patch_node(
+            name,
+            body,
+            field_manager=FIELD_MANAGER,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
         )
     except ApiException as e:
         if e.status in (404, 409):
             return None
         raise
-    metadata = getattr(node, "metadata", None)
-    return str(getattr(metadata, "resource_version", None) or "")
+    metadata = json.loads(answer.data or b"{}").get("metadata") or {}
+    return str(metadata.get("resourceVersion") or "")
 
 
 def list_pods_on_node(core: client.CoreV1Api, node: str, label_selector: str = "") -> list[Obj]:
@@ -83,7 +89,7 @@ def evict(core: client.CoreV1Api, pod: PodView) -> EvictionOutcome:
         "metadata": {"name": pod.name, "namespace": pod.namespace},
     }
     try:
-        core.create_namespaced_pod_eviction(pod.name, pod.namespace, cast(Any, body))
+        send(core.create_namespaced_pod_eviction, pod.name, pod.namespace, cast(Any, body))
     except ApiException as e:
         if e.status == 404:
             return EvictionOutcome.GONE

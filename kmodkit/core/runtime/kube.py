@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit.core.events import Recorder
 from kmodkit.core.labels import FIELD_MANAGER
 from kmodkit.core.runtime.writes import Throttle, WritePool, WriteSettings
+from kmodkit.core.sending import send
 
 log = logging.getLogger("kmodkit.kube")
 
@@ -60,9 +61,9 @@ class Kube:
         ns = obj["metadata"]["namespace"]
         try:
             if obj["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, obj, field_manager=FIELD_MANAGER)
+                send(self.core.create_namespaced_pod, ns, obj, field_manager=FIELD_MANAGER)
             elif obj["kind"] == "Job":
-                self.batch.create_namespaced_job(ns, obj, field_manager=FIELD_MANAGER)
+                send(self.batch.create_namespaced_job, ns, obj, field_manager=FIELD_MANAGER)
             else:
                 raise ValueError(f"cannot create a {obj['kind']}")
         except ApiException as e:
@@ -71,7 +72,7 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, namespace)
+            send(self.core.delete_namespaced_pod, name, namespace)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -80,7 +81,8 @@ class Kube:
         """Server-side apply: the DaemonSet becomes exactly what is given (fields of ours
         that are gone from it are removed)."""
         meta = obj["metadata"]
-        self.apps.patch_namespaced_daemon_set(
+        send(
+            self.apps.patch_namespaced_daemon_set,
             meta["name"],
             meta["namespace"],
             obj,
@@ -91,21 +93,22 @@ class Kube:
 
     def delete_daemon_set(self, namespace: str, name: str) -> None:
         try:
-            self.apps.delete_namespaced_daemon_set(name, namespace)
+            send(self.apps.delete_namespaced_daemon_set, name, namespace)
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            send(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         try:
-            self.batch.patch_namespaced_job(
+            send(
+                self.batch.patch_namespaced_job,
                 name,
                 namespace,
                 {"metadata": {"annotations": dict(annotations)}},
@@ -118,8 +121,11 @@ class Kube:
     def label_node(self, node: str, change: Mapping[str, str | None]) -> None:
         """Merge-patch labels: a value sets, None removes."""
         try:
-            self.core.patch_node(
-                node, {"metadata": {"labels": dict(change)}}, field_manager=FIELD_MANAGER
+            send(
+                self.core.patch_node,
+                node,
+                {"metadata": {"labels": dict(change)}},
+                field_manager=FIELD_MANAGER,
             )
         except ApiException as e:
             if e.status != 404:  # the node went away; nothing to label
@@ -171,12 +177,25 @@ class Kube:
         patch = {"status": dict(status)}
         try:
             if namespace:
-                self.custom.patch_namespaced_custom_object_status(
-                    group, version, namespace, plural, name, patch, field_manager=FIELD_MANAGER
+                send(
+                    self.custom.patch_namespaced_custom_object_status,
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    name,
+                    patch,
+                    field_manager=FIELD_MANAGER,
                 )
             else:
-                self.custom.patch_cluster_custom_object_status(
-                    group, version, plural, name, patch, field_manager=FIELD_MANAGER
+                send(
+                    self.custom.patch_cluster_custom_object_status,
+                    group,
+                    version,
+                    plural,
+                    name,
+                    patch,
+                    field_manager=FIELD_MANAGER,
                 )
         except ApiException as e:
             if e.status != 404:  # deleted meanwhile

@@ -9,6 +9,7 @@ it swaps anything, whatever the node has become since.
 from __future__ import annotations
 
 import copy
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +40,10 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = value
 
 
+ANSWERED = SimpleNamespace(read=lambda: b"{}")
+"""A raw answer, as the client returns one without preloading."""
+
+
 class FakeCore:
     """The node calls a pass makes, with the apiserver's resourceVersion semantics: a
     patch carrying another resourceVersion than the node's is refused with 409, and a
@@ -49,7 +54,8 @@ class FakeCore:
         self.calls: list[tuple[str, Any]] = []
         self.answers_without_version = answers_without_version
 
-    def patch_node(self, name: str, body: dict[str, Any], **_: Any) -> Any:
+    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        assert kwargs.get("_preload_content") is False, "the answer is read as raw JSON"
         if name not in self.nodes:
             raise ApiException(status=404)
         node = self.nodes[name]
@@ -64,9 +70,8 @@ class FakeCore:
         meta["resourceVersion"] = before["metadata"]["resourceVersion"]
         if node != before:
             self.touch(name)
-        if self.answers_without_version:
-            return SimpleNamespace(metadata=None)
-        return SimpleNamespace(metadata=SimpleNamespace(resource_version=meta["resourceVersion"]))
+        answer = {"metadata": {}} if self.answers_without_version else node
+        return SimpleNamespace(data=json.dumps(answer).encode())
 
     def touch(self, name: str) -> None:
         meta = self.nodes[name]["metadata"]
@@ -78,11 +83,13 @@ class FakeCore:
     def list_pod_for_all_namespaces(self, **_: Any) -> Any:
         raise AssertionError("no node in these tests needs its pods")
 
-    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+    def create_namespaced_event(self, namespace: str, body: Any, **_: Any) -> Any:
         self.calls.append(("event", body["reason"]))
+        return ANSWERED
 
-    def patch_namespaced_event(self, name: str, namespace: str, body: Any) -> None:
+    def patch_namespaced_event(self, name: str, namespace: str, body: Any, **_: Any) -> Any:
         self.calls.append(("event", name))  # the process remembers a transition it posted
+        return ANSWERED
 
 
 class Hooks:
