@@ -217,16 +217,22 @@ class Shared:
 
         @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", registry=registry)
         async def crd_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
-            # Installing or removing upstream KMM (or any CRD a backend looks
-            # for) takes effect at once, without restarting the operator.
-            before = self.api_groups
-            if type == "DELETED":
-                self.crd_groups.pop(name, None)
-            else:
-                self.crd_groups[name] = str((body.get("spec") or {}).get("group", ""))
-            # An informer of a kind not served yet may be waiting out its longest backoff;
-            # the CRD's events (created, then established) make it look now.
-            for informer in self.informers:
-                informer.look_again()
-            if self.api_groups != before:
-                self.wakeups.wake_all()
+            group = None if type == "DELETED" else str((body.get("spec") or {}).get("group", ""))
+            self.crd_changed(name, group)
+
+    def crd_changed(self, name: str, group: str | None) -> None:
+        """The CRD ``name`` now serves ``group`` (None: it was deleted).
+
+        Installing or removing upstream KMM (or any CRD a backend looks for) takes effect
+        at once, without restarting the operator."""
+        before = self.api_groups
+        if group is None:
+            self.crd_groups.pop(name, None)
+        else:
+            self.crd_groups[name] = group
+        # An informer of a kind not served yet may be waiting out its longest backoff;
+        # the CRD's events (created, then established) make it look now.
+        for informer in self.informers:
+            informer.look_again()
+        if self.api_groups != before:
+            self.wakeups.wake_all()
