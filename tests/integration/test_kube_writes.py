@@ -4,8 +4,8 @@ A pod created, a node labelled, an Event posted: the engine makes these for ever
 a fleet, and the client would decode each answer (a whole pod, a whole node) into its
 typed models, a millisecond or more of the operator's CPU apiece. Here every write of
 ``Kube`` and its Event ``Recorder`` runs on a client whose decoder fails the test, and the
-writes must still land, refusals still be told apart, and every connection go back to
-its pool.
+writes must still land, refusals still be told apart (with the apiserver's message), and
+every connection go back to its pool.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kmodkit.core.runtime.kube import Kube
+from kmodkit.core.runtime.kube import Kube, api_message
 from kmodkit.core.runtime.writes import WriteSettings
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.waiting import wait_until
@@ -68,6 +68,7 @@ def test_writes_land_undecoded_and_their_connections_are_reused(
     with pytest.raises(ApiException) as refused:
         kube.create(_pod(namespace, "Not_A_Name"))
     assert refused.value.status == 422
+    assert "Not_A_Name" in api_message(refused.value), "the refusal's message is kept"
     kube.label_node(node.metadata.name, {label: "yes"})
     kube.label_node("no-such-node", {label: "yes"})  # 404: nothing to label
     pod = core.read_namespaced_pod("w", namespace).metadata

@@ -66,6 +66,7 @@ from kmodkit.core.engine.loader_pod import (
 )
 from kmodkit.core.engine.module_status import module_status
 from kmodkit.core.engine.node_events import node_decisions
+from kmodkit.core.engine.node_interest import module_interest
 from kmodkit.core.engine.registry import (
     DEFAULT_TIMEOUT_SECONDS,
     Answer,
@@ -227,6 +228,15 @@ class ModuleController:
                     [node for node, ready in self.plugin_pods.get(key) if ready],
                 )
 
+            # Changes of the nodes it neither selects nor labels wake no pass over it.
+            wakeups.interest(
+                (PLURAL, *key),
+                module_interest(
+                    *key,
+                    lambda: (body.get("spec") or {}).get("selector") or {},
+                    lambda: (pod.node for pod in self.loader_pods.get(key)),
+                ),
+            )
             try:
                 await reconcile_loop(
                     (PLURAL, *key),

@@ -18,6 +18,7 @@ import kopf
 from kubernetes import client
 from kubernetes_asyncio import client as aclient
 
+from kmodkit.core.engine.node_interest import Moved
 from kmodkit.core.nodes import NodeView, node_view, slim_node
 from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
 from kmodkit.core.runtime.informer_cache import Change
@@ -30,6 +31,10 @@ CACHE_WAIT_SECONDS = 1.0
 """How soon a pass that found the node cache still filling tries again."""
 
 
+NodeInterest = Callable[[Moved], bool]
+"""Whether any of the nodes' changes can change a loop's plan."""
+
+
 class Wakeups:
     """One asyncio.Event per reconcile loop, set when its inputs change, and when it was
     first set since the loop last cleared it."""
@@ -37,6 +42,7 @@ class Wakeups:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
         self._first: dict[Hashable, float] = {}
+        self._interests: dict[Hashable, NodeInterest] = {}
         self._clock = clock
 
     def event(self, key: Hashable) -> asyncio.Event:
@@ -45,6 +51,18 @@ class Wakeups:
     def drop(self, key: Hashable) -> None:
         self._events.pop(key, None)
         self._first.pop(key, None)
+        self._interests.pop(key, None)
+
+    def interest(self, key: Hashable, interest: NodeInterest) -> None:
+        """Wake ``key`` for the nodes' changes ``interest`` accepts only; a loop that never
+        said is woken by every node change that moved a view."""
+        self._interests[key] = interest
+
+    def wake_for_nodes(self, moved: Moved) -> None:
+        for key, event in self._events.items():
+            interest = self._interests.get(key)
+            if interest is None or interest(moved):
+                self._set(key, event)
 
     def wake(self, key: Hashable) -> None:
         if (event := self._events.get(key)) is not None:
@@ -140,21 +158,23 @@ class Shared:
         whole = len(changes) > 1
         nodes = dict(self.nodes) if whole else self.nodes
         objects = dict(self.node_objects) if whole else self.node_objects
-        moved = False
+        moved: list[tuple[NodeView | None, NodeView | None]] = []
         for change in changes:
             name = change.key[1]
+            old = nodes.get(name)
             if change.new is None:
                 objects.pop(name, None)
-                moved = nodes.pop(name, None) is not None or moved
+                nodes.pop(name, None)
+                view = None
             else:
                 objects[name] = change.new
-                view = node_view(change.new)
-                moved = moved or nodes.get(name) != view
-                nodes[name] = view
+                view = nodes[name] = node_view(change.new)
+            if view != old:
+                moved.append((old, view))
         if whole:
             self.nodes, self.node_objects = nodes, objects
         if moved and self.nodes_synced:  # heartbeats change nothing a plan reads
-            self.wakeups.wake_all()
+            self.wakeups.wake_for_nodes(moved)
 
     async def start_informers(self) -> None:
         if self.informers:

@@ -60,3 +60,24 @@ def test_changes_before_the_first_list_landed_wake_nothing() -> None:
     woken = shared.wakeups.event("loop")
     shared.nodes_changed([Change(("", "a"), None, slim_node(_node("a", "1")))])
     assert "a" in shared.nodes and not woken.is_set()
+
+
+def test_a_loop_that_said_which_nodes_concern_it_is_woken_by_those_only() -> None:
+    shared = _shared()
+    cache: InformerCache[dict[str, Any]] = InformerCache(slim_node)
+    shared.nodes_changed(cache.replace([_node("a", "1"), _node("b", "1")], "1"))
+    seen: list[list[str]] = []
+
+    def only_b(moved: Any) -> bool:
+        seen.append([(old or new).name for old, new in moved])
+        return any((old or new).name == "b" for old, new in moved)
+
+    picky, every = shared.wakeups.event("picky"), shared.wakeups.event("every")
+    shared.wakeups.interest("picky", only_b)
+    for name in ("a", "b"):
+        change = cache.apply("MODIFIED", _node(name, "2", kernel="7.0.0-14-generic"))
+        assert change is not None
+        shared.nodes_changed([change])
+        assert every.is_set(), "a loop that never said is woken by every node"
+        assert picky.is_set() == (name == "b")
+    assert seen == [["a"], ["b"]]
