@@ -228,7 +228,7 @@ class ModuleController:
                     [node for node, ready in self.plugin_pods.get(key) if ready],
                 )
 
-            # Changes of the nodes it neither selects nor labels wake no pass over it.
+            # Changes of nodes it neither selects, labels nor has pods on wake no pass over it.
             wakeups.interest(
                 (PLURAL, *key),
                 module_interest(
