@@ -18,8 +18,18 @@ from kmodkit_dev.waiting import wait_until
 
 
 class Operator:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], port: int, log: Path, metrics_port: int = 0
+    ) -> None:
         self.proc, self.port, self.log = proc, port, log
+        self.metrics_port = metrics_port
+        """Where its Prometheus metrics are served (0: not served)."""
+
+    def metrics(self) -> str:
+        """The metrics it serves now, as Prometheus text (OSError while it does not answer)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return str(r.read().decode())
 
     def health(self) -> dict[str, Any] | None:
         """The /healthz body, or None while it does not answer (an exit raises)."""
@@ -67,6 +77,22 @@ class Operator:
 
 def launch(kubeconfig: str | Path, log: Path, *args: str, **env: str) -> Operator:
     """Start ``kmodkit run`` (with extra ``args``), its output appended to ``log``."""
+    return _start(kubeconfig, log, args, env, metrics_port=0)
+
+
+def launch_with_metrics(kubeconfig: str | Path, log: Path, *args: str, **env: str) -> Operator:
+    """``launch``, its metrics served on a port of its own (``Operator.metrics``)."""
+    port = procs.free_port()
+    return _start(kubeconfig, log, (*args, "--metrics-port", str(port)), env, port)
+
+
+def _start(
+    kubeconfig: str | Path,
+    log: Path,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    metrics_port: int,
+) -> Operator:
     port = procs.free_port()
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
@@ -83,7 +109,7 @@ def launch(kubeconfig: str | Path, log: Path, *args: str, **env: str) -> Operato
             stdout=fh,
             stderr=subprocess.STDOUT,
         )
-    return Operator(proc, port, log)
+    return Operator(proc, port, log, metrics_port)
 
 
 @contextmanager

@@ -17,7 +17,6 @@ import secrets
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +30,9 @@ from kmodkit.core.engine.loader_pod import LoaderSettings, for_node, pod_templat
 from kmodkit.core.nodes import NodeView
 from kmodkit.core.rollout.observed import is_ready
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import procs
 from kmodkit_dev import registry as devregistry
 from kmodkit_dev.nodes import KERNELS, node_manifest
-from kmodkit_dev.operator import Operator, launch, token_kubeconfig
+from kmodkit_dev.operator import Operator, launch_with_metrics, token_kubeconfig
 from tests.bench import baseline
 from tests.integration.crds_util import install
 
@@ -215,12 +213,11 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _planned_nodes(port: int) -> float:
+def _planned_nodes(op: Operator) -> float:
     """Nodes the last full pass over Modules planned (0 before the first: a pass that
     waits for the caches plans nothing)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
+        text = op.metrics()
     except OSError:
         return 0.0
     pattern = r'^kmodkit_nodes\{[^}]*controller="modules"[^}]*\} (\S+)$'
@@ -352,22 +349,16 @@ class Fleet:
             self.cluster.kubeconfig, NS, "operator", self.api, self.work / "operator.kubeconfig"
         )
         self.audit = Audit(Path(self.cluster.log("audit")), f"system:serviceaccount:{NS}:operator")
-        self.metrics_port = 0
         self.image = f"{self.registry.host}/bench:${{KERNEL_FULL_VERSION}}"
 
-    def launch_operator(self) -> tuple[Operator, int]:
+    def launch_operator(self) -> Operator:
         """``kmodkit run`` as the ServiceAccount, its metrics on a port of its own."""
-        port = procs.free_port()
-        op = launch(
+        return launch_with_metrics(
             self.kubeconfig,
             self.work / "operator.log",
-            "--metrics-port",
-            str(port),
             KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
             KMODKIT_AGENT_IMAGE=AGENT_IMAGE,
         )
-        self.metrics_port = port
-        return op, port
 
     def measure(self) -> Figures:
         figures = Figures(self.n)
@@ -376,7 +367,7 @@ class Fleet:
         shaped = loader_pods(self.image, self.kernels)
         figures.loader_baseline_s = baseline.run(self.api, self.nodes, shaped)
         baseline.clean(self.api)
-        op, _ = self.launch_operator()
+        op = self.launch_operator()
         op.wait_healthy(timeout=120)
         try:
             self._converge(op, figures)
@@ -432,8 +423,8 @@ class Fleet:
         op.kill()
         self.audit.mark()
         started = time.monotonic()
-        op, port = self.launch_operator()
-        while _planned_nodes(port) < self.n:
+        op = self.launch_operator()
+        while _planned_nodes(op) < self.n:
             if time.monotonic() - started > 300:
                 raise RuntimeError(f"no pass 300 s after the restart; see {op.log}")
             time.sleep(0.1)
@@ -483,7 +474,7 @@ class Fleet:
                 if err.status != 404:  # the pod GC was there first
                     raise
         started = time.monotonic()
-        while _planned_nodes(self.metrics_port) != self.n:
+        while _planned_nodes(op) != self.n:
             if time.monotonic() - started > 120:
                 raise RuntimeError(f"the operator still plans joined nodes; see {op.log}")
             time.sleep(0.5)

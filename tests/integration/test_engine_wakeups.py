@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,8 @@ import pytest
 from kubernetes import client
 
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev import procs
 from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import launch
+from kmodkit_dev.operator import Operator, launch_with_metrics
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
@@ -68,10 +66,9 @@ def _module(name: str, selector: str, image: str) -> dict[str, Any]:
     }
 
 
-def _last_pass(port: int, policy: str) -> float:
+def _last_pass(op: Operator, policy: str) -> float:
     """When the operator's last pass over ``policy`` ended well (its metric)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    text = op.metrics()
     series = (
         r'^kmodkit_reconcile_last_success_timestamp_seconds\{controller="modules",'
         rf'policy="{re.escape(policy)}"\}} (\S+)$'
@@ -80,12 +77,12 @@ def _last_pass(port: int, policy: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _settled(port: int, policy: str, quiet: float = 3.0) -> float:
+def _settled(op: Operator, policy: str, quiet: float = 3.0) -> float:
     """The last pass over ``policy`` once none came for ``quiet`` seconds."""
-    last = _last_pass(port, policy)
+    last = _last_pass(op, policy)
     while True:
         time.sleep(quiet)
-        now = _last_pass(port, policy)
+        now = _last_pass(op, policy)
         if now == last:
             return now
         last = now
@@ -104,12 +101,9 @@ def test_relabelling_one_modules_nodes_runs_no_pass_over_another(
     core.create_namespaced_secret(namespace, oci_registry.pull_secret("pull"))
     image = f"{oci_registry.host}/kmods/wake:{KERNEL}"
     oci_registry.push(image)
-    port = procs.free_port()
-    op = launch(
+    op = launch_with_metrics(
         kubeconfig,
         tmp_path / "operator.log",
-        "--metrics-port",
-        str(port),
         KMODKIT_REGISTRY_CA=str(oci_registry.ca),
         KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
     )
@@ -130,15 +124,15 @@ def test_relabelling_one_modules_nodes_runs_no_pass_over_another(
                 timeout=120,
             )
         a, b = f"{namespace}/a", f"{namespace}/b"
-        a_before, b_before = _settled(port, a), _settled(port, b)
+        a_before, b_before = _settled(op, a), _settled(op, b)
         assert a_before and b_before, "no pass over a Module was timed"
 
         for i in range(5):
             for node in halves["b"][1]:
                 core.patch_node(node, {"metadata": {"labels": {"wake-test-churn": str(i)}}})
             time.sleep(0.5)
-        wait_until(lambda: _last_pass(port, b) > b_before, "a pass over b", timeout=30)
+        wait_until(lambda: _last_pass(op, b) > b_before, "a pass over b", timeout=30)
         time.sleep(2)  # time for a stray pass over a to show
-        assert _last_pass(port, a) == a_before, "b's nodes woke a pass over a"
+        assert _last_pass(op, a) == a_before, "b's nodes woke a pass over a"
     finally:
         op.stop()

@@ -11,7 +11,6 @@ with its metrics served, where the write pool's high-water mark
 from __future__ import annotations
 
 import re
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +19,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kmodkit_dev import audit, procs
+from kmodkit_dev import audit
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, launch, token_kubeconfig
+from kmodkit_dev.operator import Operator, launch_with_metrics, token_kubeconfig
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
@@ -57,7 +56,7 @@ def _operator(
     reg: Registry,
     tmp_path: Path,
     **env: str,
-) -> tuple[Operator, int, str]:
+) -> tuple[Operator, str]:
     """The real operator as ServiceAccount ``operator`` of ``namespace`` (bound to
     cluster-admin: RBAC is not what is tested here), its metrics on a port of its own."""
     install(kube_api)
@@ -77,23 +76,19 @@ def _operator(
     config = token_kubeconfig(
         dev_cluster.kubeconfig, namespace, "operator", kube_api, tmp_path / "operator.kubeconfig"
     )
-    port = procs.free_port()
-    op = launch(
+    op = launch_with_metrics(
         config,
         tmp_path / "operator.log",
-        "--metrics-port",
-        str(port),
         KMODKIT_REGISTRY_CA=str(reg.ca),
         KMODKIT_AGENT_IMAGE="registry.invalid/kmodkit/agent:test",
         **env,
     )
     op.wait_healthy()
-    return op, port, f"system:serviceaccount:{namespace}:operator"
+    return op, f"system:serviceaccount:{namespace}:operator"
 
 
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+def _metric(op: Operator, name: str) -> float:
+    text = op.metrics()
     values = [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
     return sum(values)
 
@@ -157,7 +152,7 @@ def test_a_pass_over_200_nodes_writes_in_parallel_within_the_bound(
     fleet: str,
     tmp_path: Path,
 ) -> None:
-    op, port, user = _operator(
+    op, user = _operator(
         dev_cluster,
         kube_api,
         namespace,
@@ -168,7 +163,7 @@ def test_a_pass_over_200_nodes_writes_in_parallel_within_the_bound(
     )
     try:
         _converge(kube_api, namespace, oci_registry, fleet)
-        peak = _metric(port, "kmodkit_api_writes_in_flight_max")
+        peak = _metric(op, "kmodkit_api_writes_in_flight_max")
         assert 1 < peak <= IN_FLIGHT
         _no_write_failed(kube_api, namespace, op)
         # One create per loader pod and one label write per node: no pass sent again
@@ -263,7 +258,7 @@ def test_apf_throttling_is_waited_out_and_no_write_fails(
     tmp_path: Path,
     tiny_priority_level: None,
 ) -> None:
-    op, port, user = _operator(
+    op, user = _operator(
         dev_cluster, kube_api, namespace, oci_registry, tmp_path, KMODKIT_WRITE_QPS="0"
     )
     try:
@@ -272,6 +267,6 @@ def test_apf_throttling_is_waited_out_and_no_write_fails(
         assert _audited_429s(dev_cluster, user) > 0
         # ... not one of them was reported as failed, and each was sent again.
         _no_write_failed(kube_api, namespace, op)
-        assert _metric(port, "kmodkit_api_throttled_total") > 0
+        assert _metric(op, "kmodkit_api_throttled_total") > 0
     finally:
         op.stop()
