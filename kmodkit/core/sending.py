@@ -1,11 +1,11 @@
 """Writes whose answer the caller does not read.
 
 The kubernetes client decodes every answer into its typed models: about a millisecond
-for a loader pod, the object the apiserver sends back after a create (a node's answer to
-a label patch is larger). The engine never reads those answers (its watches show what
-landed), and it writes a pod, a label and an Event per node of a fleet. ``send`` asks
-for the raw answer and reads it whole, undecoded, so its connection goes back to the
-pool; a refusal still raises ``ApiException``.
+for a loader pod, the object the apiserver sends back after a create. The engine never
+reads those answers (its watches show what landed), and it writes a pod, a label and an
+Event per node of a fleet. ``send`` asks for the raw answer and reads it whole,
+undecoded, so its connection goes back to the pool; a refusal still raises
+``ApiException``.
 """
 
 from __future__ import annotations

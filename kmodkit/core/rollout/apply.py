@@ -47,7 +47,7 @@ def patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) -> str |
     so it proves the observed node current without changing it.
     """
     try:
-        # Raw JSON, not the client's models (see kmodkit.core.sending): a node is large.
+        # Raw JSON, not the client's models (see kmodkit.core.sending): one field is read.
         answer: Any = core.patch_node(
             name,
             body,
