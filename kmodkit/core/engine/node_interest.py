@@ -20,11 +20,13 @@ OWN_KEYS = (labels.READY, labels.VERSION_READY, labels.MODULE_VERSION, labels.DE
 
 Moved = Sequence[tuple[NodeView | None, NodeView | None]]
 """Nodes' changes: each node's view before and after (None where it is absent)."""
+Interest = Callable[[Moved], bool]
+"""Whether any of the nodes' changes can change a reconcile loop's plan."""
 
 
 def module_interest(
     namespace: str, name: str, selector: Callable[[], Any], hosts: Callable[[], Iterable[str]]
-) -> Callable[[Moved], bool]:
+) -> Interest:
     """Whether any of the changes concerns the Module; ``selector`` reads its
     ``spec.selector`` as it is now, ``hosts`` the nodes its pods are on."""
     try:

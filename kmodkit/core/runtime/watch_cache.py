@@ -18,7 +18,7 @@ import kopf
 from kubernetes import client
 from kubernetes_asyncio import client as aclient
 
-from kmodkit.core.engine.node_interest import Moved
+from kmodkit.core.engine.node_interest import Interest, Moved
 from kmodkit.core.nodes import NodeView, node_view, slim_node
 from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
 from kmodkit.core.runtime.informer_cache import Change
@@ -31,10 +31,6 @@ CACHE_WAIT_SECONDS = 1.0
 """How soon a pass that found the node cache still filling tries again."""
 
 
-NodeInterest = Callable[[Moved], bool]
-"""Whether any of the nodes' changes can change a loop's plan."""
-
-
 class Wakeups:
     """One asyncio.Event per reconcile loop, set when its inputs change, and when it was
     first set since the loop last cleared it."""
@@ -42,7 +38,7 @@ class Wakeups:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
         self._first: dict[Hashable, float] = {}
-        self._interests: dict[Hashable, NodeInterest] = {}
+        self._interests: dict[Hashable, Interest] = {}
         self._clock = clock
 
     def event(self, key: Hashable) -> asyncio.Event:
@@ -53,7 +49,7 @@ class Wakeups:
         self._first.pop(key, None)
         self._interests.pop(key, None)
 
-    def interest(self, key: Hashable, interest: NodeInterest) -> None:
+    def interest(self, key: Hashable, interest: Interest) -> None:
         """Wake ``key`` for the nodes' changes ``interest`` accepts only; a loop that never
         said is woken by every node change that moved a view."""
         self._interests[key] = interest
@@ -236,7 +232,7 @@ class Shared:
             await self.stop_informers()
 
         @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", registry=registry)
-        async def crd_changed(type: str, body: kopf.Body, name: str, **_: Any) -> None:
+        async def crd_event(type: str, body: kopf.Body, name: str, **_: Any) -> None:
             group = None if type == "DELETED" else str((body.get("spec") or {}).get("group", ""))
             self.crd_changed(name, group)
 
