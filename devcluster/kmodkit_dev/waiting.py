@@ -10,15 +10,22 @@ T = TypeVar("T")
 
 
 def wait_until(
-    probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.25
+    probe: Callable[[], T],
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    explain: Callable[[], object] | None = None,
 ) -> T:
-    """Call ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
+    """Call ``probe`` until it returns something truthy; fail naming ``what`` otherwise,
+    with what ``explain`` says of the state it was stuck in (a failure seen only in CI
+    must say more than that a probe stayed false)."""
     deadline = time.monotonic() + timeout
     last: T = probe()
     while not last:
         if time.monotonic() > deadline:
+            said = f"; {explain()}" if explain is not None else ""
             raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what} (last seen: {last!r})"
+                f"timed out after {timeout:.0f}s waiting for {what} (last seen: {last!r}){said}"
             )
         time.sleep(interval)
         last = probe()

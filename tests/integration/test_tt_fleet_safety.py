@@ -18,6 +18,7 @@ from kubernetes import client
 
 from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev.nodes import set_down
+from kmodkit_dev.operator import Operator
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
@@ -40,8 +41,9 @@ KMD = "driver.tenstorrent.com/kmd-version"
 
 
 class Fleet:
-    def __init__(self, kube_api: Any, namespace: str, tag: str) -> None:
+    def __init__(self, kube_api: Any, namespace: str, tag: str, operator: Operator) -> None:
         self.api = kube_api
+        self.operator = operator
         self.core = client.CoreV1Api(kube_api)
         self.namespace = namespace
         self.tag = tag
@@ -81,6 +83,32 @@ class Fleet:
     def ready(self, node: str) -> bool:
         conditions = self.core.read_node(node).status.conditions or []
         return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    def explain(self, nodes: list[str]) -> str:
+        """What each node looked like, and what the operator last logged of it: what a
+        timed-out wait reports."""
+        pods: dict[str, list[str]] = {}
+        for p in self.core.list_namespaced_pod(
+            self.namespace, label_selector=BUILDER_SELECTOR
+        ).items:
+            ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            gone = " deleting" if p.metadata.deletion_timestamp else ""
+            pods.setdefault(p.spec.node_name or "", []).append(
+                f"{p.metadata.name} {p.status.phase} ready={ready}{gone}"
+            )
+        logged = self.operator.logged().splitlines()
+        said = []
+        for name in nodes:
+            node = self.core.read_node(name)
+            labels = node.metadata.labels or {}
+            said.append(
+                f"{name}: {KMD}={labels.get(KMD)} state={labels.get(self.state_label)} "
+                f"ready={self.ready(name)} unschedulable={bool(node.spec.unschedulable)} "
+                f"taints={[(t.key, t.effect) for t in node.spec.taints or []]} "
+                f"reported={self.entries().get(name)} builders={pods.get(name, [])} "
+                f"operator said last={[line for line in logged if name in line][-3:]}"
+            )
+        return "\n".join(said)
 
     def take_down(self, node: str) -> None:
         set_down(self.core, node, True)
@@ -127,8 +155,8 @@ def fleet(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttfs")) as (_, namespace):
-        f = Fleet(kube_api, namespace, tag)
+    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttfs")) as (op, namespace):
+        f = Fleet(kube_api, namespace, tag, op)
         add_fleet(dev_cluster, kube_api, f.nodes, {"ttfs-test": tag})
         builder = FakeBuilder(kube_api, namespace)
         try:
@@ -156,7 +184,12 @@ def test_down_and_admin_cordoned_nodes_are_left_alone_and_the_rest_upgraded(flee
             },
         },
     )
-    wait_until(lambda: f.at("2.8.0", f.nodes), "tt-kmd 2.8.0 everywhere", timeout=90)
+    wait_until(
+        lambda: f.at("2.8.0", f.nodes),
+        "tt-kmd 2.8.0 everywhere",
+        timeout=90,
+        explain=lambda: f.explain(f.nodes),
+    )
 
     f.take_down(f.down)
     f.core.patch_node(f.admin, {"spec": {"unschedulable": True}})  # kubectl cordon
@@ -169,6 +202,7 @@ def test_down_and_admin_cordoned_nodes_are_left_alone_and_the_rest_upgraded(flee
             lambda: f.at("2.9.0", f.healthy) and f.uncordoned(f.healthy),
             "2.9.0 on the healthy nodes",
             timeout=120,
+            explain=lambda: f.explain(f.healthy),
         )
         wait_until(
             lambda: (
@@ -177,6 +211,7 @@ def test_down_and_admin_cordoned_nodes_are_left_alone_and_the_rest_upgraded(flee
             ),
             "the nodes left alone reported",
             timeout=30,
+            explain=lambda: f.explain([f.down, f.admin]),
         )
     finally:
         watcher.stop()
@@ -206,8 +241,13 @@ def test_down_and_admin_cordoned_nodes_are_left_alone_and_the_rest_upgraded(flee
             lambda: f.at("2.9.0", [f.down]) and f.uncordoned([f.down]),
             "2.9.0 on the node that came back",
             timeout=120,
+            explain=lambda: f.explain([f.down]),
         )
-        wait_until(lambda: f.reported(f.down) == ("Done", "Ready"), "the node reported Done")
+        wait_until(
+            lambda: f.reported(f.down) == ("Done", "Ready"),
+            "the node reported Done",
+            explain=lambda: f.explain([f.down]),
+        )
     finally:
         watcher.stop()
     assert watcher.builders_seen[f.admin] == {before[f.admin]}
