@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kmodkit.core.rollout.keys import ROLLOUT_PREFIX
 from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev.nodes import set_down
 from kmodkit_dev.operator import Operator
@@ -23,6 +24,7 @@ from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,
+    FIRMWARE,
     FakeBuilder,
     Poller,
     add_fleet,
@@ -101,14 +103,27 @@ class Fleet:
         for name in nodes:
             node = self.core.read_node(name)
             labels = node.metadata.labels or {}
+            # Every rollout's state and claim, this policy's or any other's.
+            rollouts = {
+                k: v
+                for k, v in {**labels, **(node.metadata.annotations or {})}.items()
+                if k.startswith(ROLLOUT_PREFIX)
+            }
             said.append(
-                f"{name}: {KMD}={labels.get(KMD)} state={labels.get(self.state_label)} "
+                f"{name}: {KMD}={labels.get(KMD)} rollouts={rollouts} "
                 f"ready={self.ready(name)} unschedulable={bool(node.spec.unschedulable)} "
                 f"taints={[(t.key, t.effect) for t in node.spec.taints or []]} "
                 f"reported={self.entries().get(name)} builders={pods.get(name, [])} "
                 f"operator said last={[line for line in logged if name in line][-3:]}"
             )
-        return "\n".join(said)
+        custom = client.CustomObjectsApi(self.api)
+        policies = [
+            f"{kind[2]}/{p['metadata']['name']}"
+            + (" deleting" if p["metadata"].get("deletionTimestamp") else "")
+            for kind in (DRIVER, FIRMWARE)
+            for p in custom.list_cluster_custom_object(*kind)["items"]
+        ]
+        return "\n".join([*said, f"policies in the cluster: {policies}"])
 
     def take_down(self, node: str) -> None:
         set_down(self.core, node, True)
