@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from sys import intern
 from typing import Any
 
 from kmodkit.core.kernel import node_kernel
@@ -140,17 +141,30 @@ def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     info = status.get("nodeInfo") or {}
-    kept_meta = ("name", "uid", "resourceVersion", "labels", "annotations")
+    kept_meta = ("name", "uid", "resourceVersion")
     kept_info = ("kernelVersion", "architecture", "bootID")
     return {
-        "metadata": {k: meta[k] for k in kept_meta if k in meta},
+        "metadata": {
+            **{k: meta[k] for k in kept_meta if k in meta},
+            **{k: interned(meta[k]) for k in ("labels", "annotations") if k in meta},
+        },
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
         "status": {
-            "nodeInfo": {k: info[k] for k in kept_info if k in info},
+            "nodeInfo": interned({k: info[k] for k in kept_info if k in info}),
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status")}
+                interned({"type": c.get("type"), "status": c.get("status")})
                 for c in status.get("conditions") or []
                 if c.get("type") == "Ready"
             ],
         },
     }
+
+
+def interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` with its keys and string values interned.
+
+    Each node arrives as its own decoded answer, with its own copy of every string: a
+    fleet's nodes carry the same label keys (NFD alone adds dozens) and mostly the same
+    values, kept once per node in the cache. Interned, each is kept once per fleet.
+    """
+    return {intern(k): intern(v) if isinstance(v, str) else v for k, v in mapping.items()}

@@ -22,6 +22,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from sys import intern
 from typing import Any
 
 import yaml
@@ -151,25 +152,27 @@ def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
         for c in status.get("conditions") or []
     )
     recorded = ann.get(MODULE_HASH)
+    # A Module's pods share their hashes, kernels, configuration and images: interned,
+    # the cache keeps each once, not once per pod of the fleet (see nodes.interned).
     return LoaderPod(
         name=meta.get("name", ""),
         node=spec.get("nodeName", ""),
-        config_hash=ann.get(CONFIG_HASH, ""),
-        kernel=ann.get(KERNEL, ""),
-        version=ann.get(MODULE_VERSION, ""),
+        config_hash=intern(ann.get(CONFIG_HASH, "")),
+        kernel=intern(ann.get(KERNEL, "")),
+        version=intern(ann.get(MODULE_VERSION, "")),
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         problem=_pod_problem(status),
-        module_hash=recorded or _recorded_module(spec, ann),
+        module_hash=intern(recorded or _recorded_module(spec, ann)),
         leaves_loaded=recorded is not None,
         uid=meta.get("uid", ""),
         created=str(meta.get("creationTimestamp") or ""),
-        phase=status.get("phase") or "Pending",
+        phase=intern(status.get("phase") or "Pending"),
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
         unloader=(meta.get("labels") or {}).get(COMPONENT_LABEL) == UNLOADER_COMPONENT,
-        agent_config=ann.get(AGENT_CONFIG, ""),
-        image=((spec.get("initContainers") or [{}])[0]).get("image", ""),
-        firmware_source=_copied_firmware(spec),
+        agent_config=intern(ann.get(AGENT_CONFIG, "")),
+        image=intern(((spec.get("initContainers") or [{}])[0]).get("image", "")),
+        firmware_source=intern(_copied_firmware(spec)),
         **_agent_ended(status),
     )
 
