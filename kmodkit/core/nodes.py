@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from sys import intern
 from typing import Any
 
+from kmodkit.core.interned import interned
 from kmodkit.core.kernel import node_kernel
 
 # Taints that say something about the node's state rather than who may run
@@ -158,13 +158,3 @@ def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
             ],
         },
     }
-
-
-def interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    """``mapping`` with its keys and string values interned.
-
-    Each node arrives as its own decoded answer, with its own copy of every string: a
-    fleet's nodes carry the same label keys (NFD alone adds dozens) and mostly the same
-    values, kept once per node in the cache. Interned, each is kept once per fleet.
-    """
-    return {intern(k): intern(v) if isinstance(v, str) else v for k, v in mapping.items()}

@@ -153,7 +153,7 @@ def loader_pod_view(obj: Mapping[str, Any]) -> LoaderPod:
     )
     recorded = ann.get(MODULE_HASH)
     # A Module's pods share their hashes, kernels, configuration and images: interned,
-    # the cache keeps each once, not once per pod of the fleet (see nodes.interned).
+    # the cache keeps each once, not once per pod of the fleet (see kmodkit.core.interned).
     return LoaderPod(
         name=meta.get("name", ""),
         node=spec.get("nodeName", ""),

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from kmodkit.core.interned import interned_tree
+
 V = TypeVar("V")
 Key = tuple[str, str]
 """(namespace, name); namespace is "" for cluster-scoped kinds."""
@@ -127,8 +129,9 @@ class InformerCache(Generic[V]):
         return Change(key, None if before is None else before.view, entry.view)
 
 
-def without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The object as listed, less ``metadata.managedFields``: often its largest part, and
-    read by no plan."""
+def kept_whole(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The object as listed, less ``metadata.managedFields`` (often its largest part, and
+    read by no plan), its strings interned: a DaemonSet's pods, one per node, differ in
+    little but their names (a pod's dicts about halve)."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return {**obj, "metadata": meta}
+    return dict(interned_tree({**obj, "metadata": meta}))

@@ -34,7 +34,7 @@ from kmodkit.core.rollout.abandon import abandon
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.informer import kind_lister
-from kmodkit.core.runtime.informer_cache import without_managed_fields
+from kmodkit.core.runtime.informer_cache import kept_whole
 from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
@@ -168,7 +168,7 @@ class ResourceController:
             name,
             kind_lister(w.group, w.version, w.plural),
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
-            lambda obj: (None, without_managed_fields(obj)),
+            lambda obj: (None, kept_whole(obj)),
             index,
             # Narrow enough: watches are label-filtered.
             lambda _: wakeups.wake_all() if w.wakes else None,
@@ -187,7 +187,7 @@ class ResourceController:
             OWNER_UID_LABEL,
             lambda obj: (
                 str(((obj.get("metadata") or {}).get("labels") or {})[OWNER_UID_LABEL]),
-                without_managed_fields(obj),
+                kept_whole(obj),
             ),
             index,
             lambda uid: wakeups.wake((*kind_key, uid)),

@@ -8,6 +8,7 @@ from typing import Any
 
 from kmodkit.core.engine.loader_pod import loader_pod_view
 from kmodkit.core.nodes import node_view, slim_node
+from kmodkit.core.runtime.informer_cache import kept_whole
 from kmodkit_dev.nodes import node_manifest
 
 
@@ -67,3 +68,33 @@ def test_two_loader_pods_share_what_their_module_gives_them() -> None:
     for field in ("config_hash", "module_hash", "kernel", "agent_config", "image", "phase"):
         assert getattr(a, field) is getattr(b, field), field
         assert getattr(a, field), field
+
+
+def _builder_pod(name: str, node: str) -> dict[str, Any]:
+    return _decoded(
+        {
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/name": "tt-builder"},
+                "managedFields": [{"manager": "kube-controller-manager", "fieldsV1": {}}],
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "builder", "image": "reg/tt-builder:2.9.0"}],
+            },
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+    )
+
+
+def test_watched_objects_are_kept_whole_less_managed_fields_sharing_strings() -> None:
+    a, b = kept_whole(_builder_pod("a", "node-a")), kept_whole(_builder_pod("b", "node-b"))
+    expected = _builder_pod("a", "node-a")
+    del expected["metadata"]["managedFields"]
+    assert a == expected
+    image = "reg/tt-builder:2.9.0"
+    assert a["spec"]["containers"][0]["image"] is b["spec"]["containers"][0]["image"] == image
+    (a_key,) = [k for k in a["spec"]["containers"][0] if k == "image"]
+    (b_key,) = [k for k in b["spec"]["containers"][0] if k == "image"]
+    assert a_key is b_key
+    assert a["status"]["conditions"][0]["type"] is b["status"]["conditions"][0]["type"]
