@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core.rollout.observed import is_ready
 
@@ -87,7 +88,18 @@ def run(api: Any, nodes: list[str], pod: Callable[[str], dict[str, Any]] = minim
 def clean(api: Any) -> None:
     """The baseline's pods go with their namespace, so the operator's run is not slowed."""
     core: Any = client.CoreV1Api(api)
-    core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+    while True:
+        try:
+            # The answer lists every pod deleted: read raw, not decoded into models.
+            core.delete_collection_namespaced_pod(
+                NAMESPACE, grace_period_seconds=0, _preload_content=False
+            ).read()
+            break
+        except ApiException as err:
+            # 10,000 pods can outlast the apiserver's request timeout (504); what it
+            # deleted stays deleted, and the next call deletes the rest.
+            if err.status != 504:
+                raise
     core.delete_namespace(NAMESPACE)
     while any(n.metadata.name == NAMESPACE for n in core.list_namespace().items):
         time.sleep(1)
