@@ -134,4 +134,5 @@ def kept_whole(obj: Mapping[str, Any]) -> dict[str, Any]:
     read by no plan), its strings interned: a DaemonSet's pods, one per node, differ in
     little but their names (a pod's dicts about halve)."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return dict(interned_tree({**obj, "metadata": meta}))
+    kept: dict[str, Any] = interned_tree({**obj, "metadata": meta})  # a new dict already
+    return kept
