@@ -72,12 +72,21 @@ def namespace(kube_api: Any) -> Iterator[str]:
 
 
 def temporary_namespace(kube_api: Any) -> Iterator[str]:
-    """A fresh namespace for one test, deleted after it."""
+    """A fresh namespace for one test, deleted after it, once its default service account
+    exists (until then the apiserver refuses a pod that names none)."""
     from kubernetes import client
+
+    from kmodkit_dev.waiting import wait_until
 
     name = f"t-{uuid.uuid4().hex[:10]}"
     core: Any = client.CoreV1Api(kube_api)
     core.create_namespace({"metadata": {"name": name}})
+    wait_until(
+        lambda: (
+            core.list_namespaced_service_account(name, field_selector="metadata.name=default").items
+        ),
+        f"namespace {name}'s default service account",
+    )
     yield name
     core.delete_namespace(name, propagation_policy="Background")
 

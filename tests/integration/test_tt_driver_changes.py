@@ -44,6 +44,11 @@ pytestmark = pytest.mark.cluster
 KMD = "driver.tenstorrent.com/kmd-version"
 HASH = "driver.tenstorrent.com/template-hash"
 NEW_IMAGE = "ghcr.io/kmodkit/tenstorrent-builder:0.1.1"
+BUILDER_START = "3s"
+"""Each new builder pod stays Pending and not Ready this long (kwok), as a real one stays until
+its readiness probe passes: long enough for the watcher to see each restart. Were it Ready at
+once, as kwok makes a pod by default, a builder the stand-in then holds back would look
+available for a moment, and the operator would rightly restart the next one."""
 
 
 class Fleet:
@@ -126,7 +131,8 @@ def fleet(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Fleet, FakeBuilder]]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttc")) as (op, namespace):
+    log_dir = tmp_path_factory.mktemp("ttc")
+    with tt_operator(kubeconfig, kube_api, log_dir, BUILDER_START) as (op, namespace):
         f = Fleet(kube_api, namespace, tag, op)
         add_fleet(dev_cluster, kube_api, f.nodes, {"ttc-test": tag})
         builder = FakeBuilder(kube_api, namespace)
@@ -202,7 +208,6 @@ def test_new_image_with_the_same_kmd_restarts_builders_without_draining(
     wait_until(lambda: len(_holder_uids(f)) == 3, "device holders running")
     holders = _holder_uids(f)
     before = f.uids()
-    builder.start_seconds = 3.0  # long enough for the watcher to see each restart
     watcher = Watcher(f)
     try:
         patch_policy(f.api, DRIVER, f.policy, {"spec": {"installer": {"image": NEW_IMAGE}}})
@@ -217,7 +222,6 @@ def test_new_image_with_the_same_kmd_restarts_builders_without_draining(
         )
     finally:
         watcher.stop()
-        builder.start_seconds = 0.0
     assert watcher.cordoned == set(), "a builder restart cordons nothing"
     assert watcher.in_flight == set(), "a builder restart is not a rollout"
     assert watcher.max_unavailable == 1, "builders are restarted one at a time"
@@ -330,7 +334,6 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
     image = NEW_IMAGE.replace("0.1.1", "0.1.2")
     before = f.uids()
     reloads = len(builder.reloads)
-    builder.start_seconds = 3.0
     watcher = Watcher(f)
     try:
         patch_policy(f.api, DRIVER, f.policy, {"spec": {"installer": {"image": image}}})
@@ -340,7 +343,7 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
             timeout=60,
         )
         f.op.kill()  # SIGKILL mid-roll: what it did is only in the pods
-        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace))
+        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace, BUILDER_START))
         f.op.wait_healthy()
         wait_until(
             lambda: (
@@ -353,7 +356,6 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
         )
     finally:
         watcher.stop()
-        builder.start_seconds = 0.0
     assert watcher.max_unavailable == 1, "still one builder at a time"
     assert watcher.cordoned == set() and watcher.in_flight == set()
     assert all(len(watcher.pods_seen[n]) == 2 for n in f.nodes), watcher.pods_seen

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,20 +36,31 @@ KERNEL = "6.8.0-45-generic"
 FLASHER_ACCOUNT = demo_objects.FLASHER_ACCOUNT
 
 
-def operator_env(namespace: str) -> dict[str, str]:
-    """The settings of the operator ``tt_operator`` runs (to start another one like it)."""
-    return {
+def operator_env(namespace: str, builder_start: str = "") -> dict[str, str]:
+    """The settings of the operator ``tt_operator`` runs (to start another one like it).
+
+    ``builder_start`` (a duration, such as ``3s``) keeps each new builder pod Pending and not
+    Ready that long on kwok (its stages read the pod's KMODKIT_SIMULATE_READY_AFTER): the
+    time a real builder takes to pass its readiness probe.
+    """
+    env = {
         "KMODKIT_NAMESPACE": namespace,
         "KMODKIT_BACKENDS": "tenstorrent",
         "KMODKIT_TT_SERVICE_ACCOUNT": "default",
         "KMODKIT_TT_FLASHER_SERVICE_ACCOUNT": FLASHER_ACCOUNT,
         "KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://proxy.example:3128",
     }
+    if builder_start:
+        env["KMODKIT_EXTRA_ENV_KMODKIT_SIMULATE_READY_AFTER"] = builder_start
+    return env
 
 
 @contextmanager
-def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple[Operator, str]]:
-    """The real operator, serving the Tenstorrent backend, with its own namespace."""
+def tt_operator(
+    kubeconfig: str, kube_api: Any, log_dir: Path, builder_start: str = ""
+) -> Iterator[tuple[Operator, str]]:
+    """The real operator, serving the Tenstorrent backend, with its own namespace
+    (``builder_start`` as ``operator_env`` takes it)."""
     install(kube_api)
     core = client.CoreV1Api(kube_api)
     namespace = f"tt-op-{uuid.uuid4().hex[:6]}"
@@ -58,7 +68,7 @@ def tt_operator(kubeconfig: str, kube_api: Any, log_dir: Path) -> Iterator[tuple
     core.create_namespaced_service_account(namespace, demo_objects.flasher_account())
     try:
         with running_operator(
-            kubeconfig, log_dir / "operator.log", **operator_env(namespace)
+            kubeconfig, log_dir / "operator.log", **operator_env(namespace, builder_start)
         ) as op:
             yield op, namespace
     finally:
@@ -151,7 +161,6 @@ class FakeBuilder:
     named in its termination message. On ``refusing`` nodes every pod without forceUnload
     crash-loops that way, whatever is loaded (an older builder that unloaded on its own).
     ``reloads`` records (node, rollout state) of every reload; ``adopted`` the pods that adopted.
-    ``start_seconds`` keeps every new pod NotReady that long first (the real builder's start).
     On ``building`` nodes the builder is still compiling: it reports nothing until the node
     leaves the set.
     """
@@ -162,8 +171,6 @@ class FakeBuilder:
         self.refusing: set[str] = set()
         self.reloads: list[tuple[str, str]] = []
         self.adopted: list[str] = []
-        self.start_seconds = 0.0
-        self._seen: dict[str, float] = {}
         self.building: set[str] = set()
         self._core = client.CoreV1Api(kube_api)
         self._namespace = namespace
@@ -186,10 +193,6 @@ class FakeBuilder:
         """One look at a new pod; False while it waits for the rollout."""
         env = {e.name: e.value for e in pod.spec.containers[0].env or []}
         node = pod.spec.node_name
-        seen = self._seen.setdefault(pod.metadata.uid, time.monotonic())
-        if time.monotonic() - seen < self.start_seconds:
-            self._hold(pod)
-            return False
         if node in self.building:
             return False
         forced = env.get("TT_FORCE_UNLOAD") == "true"
