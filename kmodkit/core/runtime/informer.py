@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic
 
+import orjson
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 
@@ -186,7 +186,7 @@ async def _json(resp: Any) -> Any:
         resp.release()
     if resp.status != 200:
         _raise_status(resp.status, raw.decode(errors="replace"))
-    return json.loads(raw)
+    return orjson.loads(raw)
 
 
 def _item_kind(listed: Mapping[str, Any]) -> str:
@@ -380,7 +380,7 @@ class Informer(Generic[V]):
             if resp.status != 200:
                 _raise_status(resp.status, (await resp.read()).decode(errors="replace"))
             async for line in _lines(resp):
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     _raise_status(int(obj.get("code") or 0), str(obj.get("message") or obj))
