@@ -111,10 +111,6 @@ def _pdb(name: str, **budget: Any) -> dict[str, Any]:
 def deploy_workloads(kube_api: Any, namespace: str, fleet: Fleet) -> str:
     """A realistic mix; returns the node the bare pod runs on."""
     apps, policy = client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api)
-    wait_until(
-        lambda: fleet.core.list_namespaced_service_account(namespace).items,
-        "the namespace's default service account",
-    )
     telemetry = _pod_spec(fleet, device=True)
     telemetry["nodeSelector"] = {"rollout-e2e": fleet.tag, GATE: "true"}
     apps.create_namespaced_daemon_set(
@@ -358,10 +354,6 @@ def test_a_blocked_eviction_fails_the_node_halts_the_rollout_and_resumes_after_a
     fleet = fleet_factory(4)
     blocked = fleet.names[0]
     apps, policy_api = client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api)
-    wait_until(
-        lambda: fleet.core.list_namespaced_service_account(namespace).items,
-        "the namespace's default service account",
-    )
     spec = _pod_spec(fleet, True)
     spec["nodeSelector"]["kubernetes.io/hostname"] = blocked
     apps.create_namespaced_deployment(namespace, _deployment("pinned", 1, spec))

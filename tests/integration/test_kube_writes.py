@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from kmodkit.core.runtime.kube import Kube, api_message
 from kmodkit.core.runtime.writes import WriteSettings
 from kmodkit_dev import cluster as devcluster
-from kmodkit_dev.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -58,10 +57,6 @@ def test_writes_land_undecoded_and_their_connections_are_reused(
     node = core.list_node(label_selector="type=kwok").items[0]
     label = f"writes.kmodkit.io/t-{uuid.uuid4().hex[:8]}"
     kube = Kube(undecoding, WriteSettings(max_in_flight=1))
-    wait_until(
-        lambda: core.list_namespaced_service_account(namespace).items,
-        "the namespace's default ServiceAccount, which pods are refused without",
-    )
 
     kube.create(_pod(namespace, "w"))
     kube.create(_pod(namespace, "w"))  # 409: there already, so done

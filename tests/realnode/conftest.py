@@ -24,7 +24,6 @@ from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import images as product_images
 from kmodkit_dev import realnode
 from kmodkit_dev.registry import Registry
-from kmodkit_dev.waiting import wait_until
 from tests.conftest import temporary_namespace
 from tests.realnode import images
 
@@ -67,14 +66,6 @@ def namespace(kube_api: Any) -> Iterator[str]:
 def ns(namespace: str, kube_api: Any, node_registry: Registry) -> str:
     """A namespace pods can be made in, with the node registry's pull secret."""
     api: Any = client.CoreV1Api(kube_api)
-    # The ServiceAccount admission refuses pods until the namespace's default account exists.
-    wait_until(
-        lambda: any(
-            a.metadata.name == "default"
-            for a in api.list_namespaced_service_account(namespace).items
-        ),
-        "the default service account",
-    )
     api.create_namespaced_secret(namespace, node_registry.pull_secret(images.PULL_SECRET))
     return namespace
 
