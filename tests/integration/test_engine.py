@@ -25,6 +25,7 @@ from kmodkit_dev.nodes import node_manifest
 from kmodkit_dev.operator import Operator, running_operator
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_gone, wait_until
+from tests.chaos.watch_feed import WatchFeed
 from tests.integration.crds_util import install
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
@@ -395,17 +396,25 @@ def test_spec_change_reloads_nodes_within_the_budget(
     wait_until(lambda: _all_labelled(kube_api, a_nodes, ready), "initial load")
     first = {n: p.metadata.uid for n, p in _pods(kube_api, namespace).items()}
 
+    # Every stored version of the nodes, in order: polling node by node would add up
+    # labels read at different moments, and a brief overrun could fall between polls.
+    unready: set[str] = set()
     worst = [0]
-    stop = threading.Event()
 
-    def watch_unready() -> None:
-        while not stop.is_set():
-            missing = sum(1 for n in a_nodes if ready not in _labels(kube_api, n))
-            worst[0] = max(worst[0], missing)
-            stop.wait(0.05)
+    def see(_type: str, node: dict[str, Any], _relisted: bool) -> None:
+        name = node["metadata"]["name"]
+        if name not in a_nodes:
+            return
+        if ready in (node["metadata"].get("labels") or {}):
+            unready.discard(name)
+        else:
+            unready.add(name)
+        worst[0] = max(worst[0], len(unready))
 
-    watcher = threading.Thread(target=watch_unready, daemon=True)
-    watcher.start()
+    feed = WatchFeed(
+        "nodes", client.CoreV1Api(kube_api).list_node, see, label_selector=f"engine-test={tag}"
+    )
+    assert feed.synced.wait(10)
     try:
         objs.patch_namespaced_custom_object(
             GROUP,
@@ -429,8 +438,8 @@ def test_spec_change_reloads_nodes_within_the_budget(
 
         wait_until(all_replaced, "every node reloaded", timeout=90)
     finally:
-        stop.set()
-        watcher.join()
+        feed.stop()
+    assert not feed.errors
     assert worst[0] == 1  # one node at a time, never more
     _delete_and_wait_unload(kube_api, namespace, "bud")
 
