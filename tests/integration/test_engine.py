@@ -518,13 +518,31 @@ def test_readiness_label_follows_what_is_really_loaded(
     wait_until(lambda: ready in _labels(kube_api, a0), "the label to return on reload")
     # Loaded twice is one Event counted twice (kubectl shows "x2"), on the node; the
     # Module gets none per node (its status counts them: one write per node fewer).
-    on_node = _events(kube_api, "default", a0, f"{namespace}/rb")
-    assert sorted((e.reason, e.count) for e in on_node) == [
-        ("ModuleLoaded", 2),
-        ("ModuleUnloaded", 1),
-    ], on_node
+    # The probe failing is "not ready", not "unloaded": nothing unloaded the module.
+    # The Event follows the label write (after the pass's pod writes): wait for it too.
+    wait_until(
+        lambda: (
+            sorted((e.reason, e.count) for e in _events(kube_api, "default", a0, f"{namespace}/rb"))
+            == [("ModuleLoaded", 2), ("ModuleNotReady", 1)]
+        ),
+        "the node's Events",
+        explain=lambda: _events(kube_api, "default", a0, f"{namespace}/rb"),
+    )
     on_module = _events(kube_api, namespace, "rb", f"node {a0}")
     assert [e.reason for e in on_module if e.reason.startswith("Module")] == [], on_module
+    # Deleting the Module unloads it: that, once its unloader succeeded, is ModuleUnloaded.
+    _delete_and_wait_unload(kube_api, namespace, "rb")
+    wait_until(
+        lambda: (
+            [
+                (e.reason, e.message)
+                for e in _events(kube_api, "default", a0, f"{namespace}/rb")
+                if e.reason == "ModuleUnloaded"
+            ]
+            == [("ModuleUnloaded", f"Module {namespace}/rb unloaded from the kernel")]
+        ),
+        "ModuleUnloaded on the node",
+    )
 
 
 def test_deleting_the_namespace_of_a_module_never_deadlocks(

@@ -109,6 +109,8 @@ class LoaderPlan:
     """Nodes about to unload whose gated pods the plan was not told about."""
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Nodes whose unload waits for pods gated on the readiness label, and those pods."""
+    unloaded: list[str] = field(default_factory=list)
+    """Nodes whose unloader pod succeeded (deleted in this plan)."""
     needed_images: dict[str, ResolvedMapping] = field(default_factory=dict)
     """Images targeted nodes need, with one resolution each (for checks and builds)."""
     nodes_by_image: dict[str, list[NodeView]] = field(default_factory=dict)
@@ -290,6 +292,8 @@ class NodeStep:
     """The node may unload once the caller says which pods are gated on its label."""
     held_by: tuple[str, ...] = ()
     """The pods gated on the readiness label that the node's unload waits for."""
+    unloaded: bool = False
+    """An unloader pod succeeded: the module is out of the kernel, and its record goes."""
 
 
 @dataclass(frozen=True)
@@ -746,7 +750,7 @@ def _unload(
             "WaitingForConsumers",
             "waiting for pods gated on the readiness label to leave: " + ", ".join(holders)
             if holders
-            else "readiness label removed",
+            else "readiness label removed; the module is replaced once no pod gated on it runs",
             update.image.mapping_index,
         ),
         _unlabelled(node, ctx),
@@ -790,6 +794,7 @@ def _unloader(node: NodeView, pods: NodePods, ctx: Context, targeted: bool) -> N
         create=create,
         delete=delete,
         unavailable=targeted,
+        unloaded=unloader.phase == "Succeeded",
     )
 
 
@@ -932,3 +937,5 @@ def _apply(out: LoaderPlan, step: NodeStep) -> None:
         out.awaiting_consumers.append(step.node)
     if step.held_by:
         out.held[step.node] = step.held_by
+    if step.unloaded:
+        out.unloaded.append(step.node)

@@ -377,6 +377,7 @@ class ModuleController:
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
             body,
             unseen,
+            {o.node: o.message for o in final.outcomes},
         )
         failures += labelled.failures
         landed = labelled.landed
@@ -490,11 +491,34 @@ class ModuleController:
             if said is None:
                 unseen.landed(_pod_write(pod["metadata"]["name"]))
         failures = [said for said in made if said is not None]
-        failures += self.writes.failures(
-            Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
+        deletes = [
+            (node, pod_name)
             for node, names in final.deletes_by_node.items()
             if node not in kept
             for pod_name in names
+        ]
+        deleted = self.writes.run(
+            Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
+            for _, pod_name in deletes
+        )
+        failures += [d for d in deleted if d is not None]
+        # The unloader's success is the unload; its record going (deleted) is when it is told.
+        refused = {node for (node, _), d in zip(deletes, deleted, strict=True) if d is not None}
+        unloaded = set(final.unloaded) - kept - refused
+        self.writes.run(
+            Write(
+                "posting Event ModuleUnloaded",
+                _bind(
+                    self._post,
+                    _node_ref(view),
+                    "ModuleUnloaded",
+                    f"Module {ns}/{owner['name']} unloaded from the kernel",
+                    False,
+                    0.0,
+                ),
+            )
+            for node in sorted(unloaded)
+            if (view := self.nodes.get(node)) is not None
         )
         return failures, bool(later)
 
@@ -555,7 +579,11 @@ class ModuleController:
         changes: Mapping[str, Mapping[str, str | None]],
         body: Mapping[str, Any],
         unseen: UnseenWrites,
+        why: Mapping[str, str] | None = None,
     ) -> Labelled:
+        """Write ``changes``; ``why`` says, by node, what the plan does there (for the Event
+        of a node that stops being ready)."""
+        doing = why or {}
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
@@ -564,12 +592,17 @@ class ModuleController:
             view = self.nodes.get(node)
             if ready_key not in change or view is None:
                 return None
-            loaded = change[ready_key] is not None
-            reason = "ModuleLoaded" if loaded else "ModuleUnloaded"
-            done = "loaded into" if loaded else "unloaded from"
+            if change[ready_key] is not None:
+                reason, message = "ModuleLoaded", f"Module {ns}/{name} loaded into the kernel"
+            else:
+                # Not "unloaded": the label goes first (gated pods leave, a pod stopped
+                # serving), and the module is unloaded, if at all, only later (ModuleUnloaded).
+                reason = "ModuleNotReady"
+                message = f"Module {ns}/{name} is no longer ready on this node"
+                if doing.get(node):
+                    message += f": {doing[node]}"
             # On the node only, as KMM: the Module's status counts the nodes, and one Event
             # per node on the Module would be a second write per node for a whole fleet.
-            message = f"Module {ns}/{name} {done} the kernel"
             return Write(
                 f"posting Event {reason}",
                 _bind(self._post, _node_ref(view), reason, message, False, 0.0),
@@ -680,7 +713,10 @@ class ModuleController:
         # A creation left for later (a fleet-wide removal) is made by the next try below.
         failures, _ = self._apply_pods(removal, owner, ns, unseen)
         labelled = self._label_nodes(
-            _with_plugin_labels(removal.node_labels, ns, name, nodes, []), body, unseen
+            _with_plugin_labels(removal.node_labels, ns, name, nodes, []),
+            body,
+            unseen,
+            {o.node: o.message for o in removal.outcomes},
         )
         failures += labelled.failures
         self.writes.run(labelled.events)

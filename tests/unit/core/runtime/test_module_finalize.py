@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core import labels
 from kmodkit.core.engine.build_plan import BuildSettings
@@ -59,6 +60,9 @@ class RecordingKube:
         self.labelled: list[tuple[str, dict[str, str | None]]] = []
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
+        self.posted: list[tuple[str, str, str]] = []
+        """(involved object's name, reason, message) of each Event."""
+        self.refuse_deletes: set[str] = set()
 
     def write_status(self, *args: Any) -> None:
         """Not what these tests pin (tests/integration/test_engine.py reads it back)."""
@@ -73,13 +77,16 @@ class RecordingKube:
         self.created.append(dict(obj))
 
     def delete_pod(self, namespace: str, name: str) -> None:
+        if name in self.refuse_deletes:
+            raise ApiException(status=403, reason="Forbidden")
         self.deleted.append(name)
 
     @property
     def events(self) -> RecordingKube:
         return self
 
-    def post(self, *args: Any, **kwargs: Any) -> bool:
+    def post(self, involved: Mapping[str, Any], reason: str, message: str, **_: Any) -> bool:
+        self.posted.append((involved["name"], reason, message))
         return True
 
 
@@ -147,6 +154,38 @@ def test_the_finalizer_stays_until_every_unloader_has_succeeded() -> None:
         controller.finalize(BODY, done)
     assert kube.deleted[-1] == unloaders[0].name
     controller.finalize(BODY, [])  # nothing left: the finalizer goes
+
+
+def test_a_node_is_told_not_ready_when_its_label_goes_and_unloaded_when_its_unloader_succeeds() -> (
+    None
+):
+    """The label goes long before the module does (gated pods leave first): the node's Event
+    then says not ready, and ModuleUnloaded comes with the unloader's success, told once its
+    record is deleted (a refused deletion tells nothing yet)."""
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a", "b"])
+    with pytest.raises(kopf.TemporaryError):
+        controller.finalize(BODY, [_pod("a"), _pod("b")])
+    assert [(n, r) for n, r, _ in kube.posted] == [("a", "ModuleNotReady"), ("b", "ModuleNotReady")]
+    assert kube.posted[0][2] == f"Module {NS}/{NAME} is no longer ready on this node"
+
+    kube.posted.clear()
+    _labels_gone(controller)
+    with pytest.raises(kopf.TemporaryError):
+        controller.finalize(BODY, [_pod("a"), _pod("b")])
+    unloaders = [loader_pod_view({**p, "status": {"phase": "Running"}}) for p in kube.created]
+    with pytest.raises(kopf.TemporaryError):
+        controller.finalize(BODY, unloaders)
+    assert kube.posted == []  # unloaders made and running: nothing is unloaded yet
+
+    kube.refuse_deletes.add(unloaders[1].name)
+    done = [replace(u, phase="Succeeded") for u in unloaders]
+    with pytest.raises(kopf.TemporaryError):
+        controller.finalize(BODY, done)
+    assert kube.posted == [
+        ("a", "ModuleUnloaded", f"Module {NS}/{NAME} unloaded from the kernel"),
+        (NAME, "ApplyFailed", f"deleting Pod {NS}/{unloaders[1].name}: Forbidden"),
+    ]
 
 
 def test_nothing_is_planned_or_unloaded_before_the_node_cache_is_synced() -> None:

@@ -62,7 +62,7 @@ def test_an_update_unlabels_reads_the_gated_pods_and_replaces_the_module_in_one_
         "pods_on_node",
         "create",
         "delete_pod",
-        ("event", "ModuleUnloaded"),
+        ("event", "ModuleNotReady"),
     ]
     (new,) = kube.created
     assert new["spec"]["nodeName"] == "n1"
