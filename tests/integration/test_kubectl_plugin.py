@@ -92,7 +92,10 @@ def rollout(
 ) -> Iterator[Rollout]:
     build.ensure(["kubernetes"])
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("kk")) as (_, namespace):
+    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("kk"), builders_played=True) as (
+        _,
+        namespace,
+    ):
         r = Rollout(kube_api, kubeconfig, tag, [f"kk-{tag}-{i}" for i in range(3)], f"kk-{tag}")
         add_fleet(dev_cluster, kube_api, r.nodes, {"kk-test": tag})
         builder = FakeBuilder(kube_api, namespace)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -131,45 +132,65 @@ def _pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("asks_by", ["toleration", "environment"])
+def _ready_after(core: Any, namespace: str, name: str) -> float | None:
+    """Seconds from the pod's creation until it turned Ready (None: not Ready)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    ready = [c for c in pod.status.conditions or [] if c.type == "Ready" and c.status == "True"]
+    if not ready:
+        return None
+    return float((ready[0].last_transition_time - pod.metadata.creation_timestamp).total_seconds())
+
+
 def test_a_pod_that_asks_to_turn_ready_late_does(
-    kube_api: Any, namespace: str, kwok_node: str, asks_by: str
+    kube_api: Any, namespace: str, kwok_node: str
 ) -> None:
     """kwok's pod-ready stage waits as long as a pod's toleration of
-    kmodkit.io/simulate-ready-after says (the chaos harness's slow loads), or its first
-    container's KMODKIT_SIMULATE_READY_AFTER (the Tenstorrent builders' start)."""
+    kmodkit.io/simulate-ready-after says (the chaos harness's slow loads)."""
     core = client.CoreV1Api(kube_api)
-    late = _pod(f"late-{asks_by}", kwok_node, {})
-    if asks_by == "toleration":
-        late["spec"]["tolerations"] = [
-            {
-                "key": "kmodkit.io/simulate-ready-after",
-                "operator": "Equal",
-                "value": "4s",
-                "effect": "NoSchedule",
-            }
-        ]
-    else:
-        late["spec"]["containers"][0]["env"] = [
-            {"name": "OTHER", "value": "1h"},
-            {"name": "KMODKIT_SIMULATE_READY_AFTER", "value": "4s"},
-        ]
+    late = _pod("late", kwok_node, {})
+    late["spec"]["tolerations"] = [
+        {
+            "key": "kmodkit.io/simulate-ready-after",
+            "operator": "Equal",
+            "value": "4s",
+            "effect": "NoSchedule",
+        }
+    ]
     core.create_namespaced_pod(namespace, late)
-    core.create_namespaced_pod(namespace, _pod(f"quick-{asks_by}", kwok_node, {}))
-
-    def ready_after(name: str) -> float | None:
-        pod = core.read_namespaced_pod(name, namespace)
-        ready = [c for c in pod.status.conditions or [] if c.type == "Ready" and c.status == "True"]
-        if not ready:
-            return None
-        return (ready[0].last_transition_time - pod.metadata.creation_timestamp).total_seconds()
-
-    quick, late_name = f"quick-{asks_by}", f"late-{asks_by}"
-    wait_until(lambda: ready_after(quick) is not None, "the quick pod to turn Ready")
-    wait_until(lambda: ready_after(late_name) is not None, "the late pod to turn Ready")
-    assert (ready_after(quick) or 0) <= 1
+    core.create_namespaced_pod(namespace, _pod("quick", kwok_node, {}))
+    wait_until(lambda: _ready_after(core, namespace, "quick") is not None, "the quick pod Ready")
+    wait_until(lambda: _ready_after(core, namespace, "late") is not None, "the late pod Ready")
+    assert (_ready_after(core, namespace, "quick") or 0) <= 1
     # Both times are whole seconds: 4 s after creation is at least 3 s by them.
-    assert (ready_after(late_name) or 0) >= 3
+    assert (_ready_after(core, namespace, "late") or 0) >= 3
+
+
+def test_a_pod_whose_readiness_the_test_plays_runs_unready_until_set_ready(
+    kube_api: Any, namespace: str, kwok_node: str
+) -> None:
+    """A pod whose first container has KMODKIT_SIMULATE_READY=probe runs, not Ready, until
+    the test sets it Ready (the Tenstorrent builders' stand-in plays their probe), and
+    stays as set."""
+    core = client.CoreV1Api(kube_api)
+    probed = _pod("probed", kwok_node, {})
+    probed["spec"]["containers"][0]["env"] = [
+        {"name": "OTHER", "value": "probe"},
+        {"name": "KMODKIT_SIMULATE_READY", "value": "probe"},
+    ]
+    core.create_namespaced_pod(namespace, probed)
+    wait_until(
+        lambda: core.read_namespaced_pod("probed", namespace).status.phase == "Running",
+        "the probed pod Running",
+    )
+    time.sleep(3)  # longer than kwok takes to make a pod Ready
+    pod = core.read_namespaced_pod("probed", namespace)
+    assert pod.status.phase == "Running" and _ready_after(core, namespace, "probed") is None
+    assert [c.started for c in pod.status.container_statuses] == [True]
+    ready = {"type": "Ready", "status": "True"}
+    core.patch_namespaced_pod_status("probed", namespace, {"status": {"conditions": [ready]}})
+    time.sleep(2)
+    assert _ready_after(core, namespace, "probed") is not None
+    assert core.read_namespaced_pod("probed", namespace).status.phase == "Running"
 
 
 def test_eviction_honours_pod_disruption_budget(

@@ -39,7 +39,9 @@ pytestmark = pytest.mark.cluster
 def env(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str, FakeBuilder]]:
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttdrain")) as (_, namespace):
+    with tt_operator(
+        kubeconfig, kube_api, tmp_path_factory.mktemp("ttdrain"), builders_played=True
+    ) as (_, namespace):
         builder = FakeBuilder(kube_api, namespace)
         try:
             yield namespace, uuid.uuid4().hex[:6], builder

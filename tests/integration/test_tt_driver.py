@@ -69,7 +69,9 @@ def fleet(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Fleet, FakeBuilder]]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttd")) as (_, namespace):
+    with tt_operator(
+        kubeconfig, kube_api, tmp_path_factory.mktemp("ttd"), builders_played=True
+    ) as (_, namespace):
         f = Fleet(kube_api, namespace, tag)
         # Telemetry runs where its gate label is "true", the contract of deploy gates.
         add_fleet(dev_cluster, kube_api, f.all_nodes, {"ttd-test": tag, GATE: "true"})

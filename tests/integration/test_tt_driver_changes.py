@@ -44,11 +44,6 @@ pytestmark = pytest.mark.cluster
 KMD = "driver.tenstorrent.com/kmd-version"
 HASH = "driver.tenstorrent.com/template-hash"
 NEW_IMAGE = "ghcr.io/kmodkit/tenstorrent-builder:0.1.1"
-BUILDER_START = "3s"
-"""Each new builder pod stays Pending and not Ready this long (kwok), as a real one stays until
-its readiness probe passes: long enough for the watcher to see each restart. Were it Ready at
-once, as kwok makes a pod by default, a builder the stand-in then holds back would look
-available for a moment, and the operator would rightly restart the next one."""
 
 
 class Fleet:
@@ -132,7 +127,7 @@ def fleet(
 ) -> Iterator[tuple[Fleet, FakeBuilder]]:
     tag = uuid.uuid4().hex[:6]
     log_dir = tmp_path_factory.mktemp("ttc")
-    with tt_operator(kubeconfig, kube_api, log_dir, BUILDER_START) as (op, namespace):
+    with tt_operator(kubeconfig, kube_api, log_dir, builders_played=True) as (op, namespace):
         f = Fleet(kube_api, namespace, tag, op)
         add_fleet(dev_cluster, kube_api, f.nodes, {"ttc-test": tag})
         builder = FakeBuilder(kube_api, namespace)
@@ -343,7 +338,7 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
             timeout=60,
         )
         f.op.kill()  # SIGKILL mid-roll: what it did is only in the pods
-        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace, BUILDER_START))
+        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace, builders_played=True))
         f.op.wait_healthy()
         wait_until(
             lambda: (

@@ -45,7 +45,9 @@ SELECTOR = "ttlv-test"
 def env(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, FakeBuilder]]:
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttlv")) as (_, namespace):
+    with tt_operator(
+        kubeconfig, kube_api, tmp_path_factory.mktemp("ttlv"), builders_played=True
+    ) as (_, namespace):
         builder = FakeBuilder(kube_api, namespace)
         try:
             yield namespace, builder

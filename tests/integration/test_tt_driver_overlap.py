@@ -82,7 +82,7 @@ def env(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path: Any
 ) -> Iterator[tuple[Any, str, str]]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path) as (op, namespace):
+    with tt_operator(kubeconfig, kube_api, tmp_path, builders_played=True) as (op, namespace):
         builder = FakeBuilder(kube_api, namespace)
         try:
             yield op, namespace, tag
@@ -233,7 +233,9 @@ def test_with_the_operator_stopped_a_relabelled_node_moves_to_its_older_policy(
         )
     finally:
         # An operator again, so the policies' finalizers let them go.
-        with running_operator(kubeconfig, tmp_path / "again.log", **operator_env(namespace)):
+        with running_operator(
+            kubeconfig, tmp_path / "again.log", **operator_env(namespace, builders_played=True)
+        ):
             for name in (older, younger):
                 delete_policy(kube_api, DRIVER, name)
             wait_until(

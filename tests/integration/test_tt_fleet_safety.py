@@ -170,7 +170,9 @@ def fleet(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     tag = uuid.uuid4().hex[:6]
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttfs")) as (op, namespace):
+    with tt_operator(
+        kubeconfig, kube_api, tmp_path_factory.mktemp("ttfs"), builders_played=True
+    ) as (op, namespace):
         f = Fleet(kube_api, namespace, tag, op)
         add_fleet(dev_cluster, kube_api, f.nodes, {"ttfs-test": tag})
         builder = FakeBuilder(kube_api, namespace)

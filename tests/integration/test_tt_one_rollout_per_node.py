@@ -83,7 +83,9 @@ class NodeWatch:
 def env(
     dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
-    with tt_operator(kubeconfig, kube_api, tmp_path_factory.mktemp("ttop")) as (_, namespace):
+    with tt_operator(
+        kubeconfig, kube_api, tmp_path_factory.mktemp("ttop"), builders_played=True
+    ) as (_, namespace):
         builder = FakeBuilder(kube_api, namespace)
         try:
             yield namespace, uuid.uuid4().hex[:6]

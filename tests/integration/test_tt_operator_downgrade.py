@@ -68,7 +68,7 @@ class Fleet:
 def fleet(dev_cluster: Any, kubeconfig: str, kube_api: Any, tmp_path: Any) -> Iterator[Fleet]:
     tag = uuid.uuid4().hex[:6]
     nodes = [f"ttdg-{tag}-{i}" for i in range(2)]
-    with tt_operator(kubeconfig, kube_api, tmp_path) as (operator, namespace):
+    with tt_operator(kubeconfig, kube_api, tmp_path, builders_played=True) as (operator, namespace):
         add_fleet(dev_cluster, kube_api, nodes, {"ttdg-test": tag})
         builder = FakeBuilder(kube_api, namespace)
         try:
@@ -127,7 +127,9 @@ def test_fields_this_operator_does_not_know_are_ignored_mid_rollout(
     wait_until(stored, "the newer fields stored")
     # The downgrade: the operator's pod is replaced by one that does not know the fields.
     fleet.operator.kill()
-    with running_operator(kubeconfig, tmp_path / "older.log", **operator_env(fleet.namespace)):
+    with running_operator(
+        kubeconfig, tmp_path / "older.log", **operator_env(fleet.namespace, builders_played=True)
+    ):
         _served_with_fields_ignored(kube_api, fleet, policy, cordoned)
 
 

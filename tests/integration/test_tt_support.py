@@ -36,12 +36,13 @@ KERNEL = "6.8.0-45-generic"
 FLASHER_ACCOUNT = demo_objects.FLASHER_ACCOUNT
 
 
-def operator_env(namespace: str, builder_start: str = "") -> dict[str, str]:
+def operator_env(namespace: str, builders_played: bool = False) -> dict[str, str]:
     """The settings of the operator ``tt_operator`` runs (to start another one like it).
 
-    ``builder_start`` (a duration, such as ``3s``) keeps each new builder pod Pending and not
-    Ready that long on kwok (its stages read the pod's KMODKIT_SIMULATE_READY_AFTER): the
-    time a real builder takes to pass its readiness probe.
+    ``builders_played``: each builder pod runs, not Ready, on kwok until ``FakeBuilder``
+    sets it Ready once it served the pod, as a real builder's readiness probe passes only
+    once its driver is loaded (kwok's stages read the pod's KMODKIT_SIMULATE_READY).
+    Without it kwok makes a builder Ready the moment it is bound.
     """
     env = {
         "KMODKIT_NAMESPACE": namespace,
@@ -50,17 +51,17 @@ def operator_env(namespace: str, builder_start: str = "") -> dict[str, str]:
         "KMODKIT_TT_FLASHER_SERVICE_ACCOUNT": FLASHER_ACCOUNT,
         "KMODKIT_EXTRA_ENV_HTTPS_PROXY": "http://proxy.example:3128",
     }
-    if builder_start:
-        env["KMODKIT_EXTRA_ENV_KMODKIT_SIMULATE_READY_AFTER"] = builder_start
+    if builders_played:
+        env["KMODKIT_EXTRA_ENV_KMODKIT_SIMULATE_READY"] = "probe"
     return env
 
 
 @contextmanager
 def tt_operator(
-    kubeconfig: str, kube_api: Any, log_dir: Path, builder_start: str = ""
+    kubeconfig: str, kube_api: Any, log_dir: Path, builders_played: bool = False
 ) -> Iterator[tuple[Operator, str]]:
     """The real operator, serving the Tenstorrent backend, with its own namespace
-    (``builder_start`` as ``operator_env`` takes it)."""
+    (``builders_played`` as ``operator_env`` takes it)."""
     install(kube_api)
     core = client.CoreV1Api(kube_api)
     namespace = f"tt-op-{uuid.uuid4().hex[:6]}"
@@ -68,7 +69,7 @@ def tt_operator(
     core.create_namespaced_service_account(namespace, demo_objects.flasher_account())
     try:
         with running_operator(
-            kubeconfig, log_dir / "operator.log", **operator_env(namespace, builder_start)
+            kubeconfig, log_dir / "operator.log", **operator_env(namespace, builders_played)
         ) as op:
             yield op, namespace
     finally:
@@ -198,6 +199,7 @@ class FakeBuilder:
         forced = env.get("TT_FORCE_UNLOAD") == "true"
         if node in self.dkms:
             label_node(self._core.api_client, node, dict(demo_objects.builder_report("", True)))
+            self._ready(pod)
             return True
         if node in self.refusing and not forced:
             self._crash_loop(pod)
@@ -221,9 +223,15 @@ class FakeBuilder:
             keys.TT_STANDBY_POD_LABEL: None,
         }
         label_node(self._core.api_client, node, report)
-        if pod.metadata.uid in self._waiting:
-            self._set_ready(pod, True)
+        self._ready(pod)
         return True
+
+    def _ready(self, pod: Any) -> None:
+        """The pod passes its readiness probe now (kwok made it Ready already unless the
+        operator's builders are played, or it waited NotReady for the rollout)."""
+        conditions = pod.status.conditions or []
+        if not any(c.type == "Ready" and c.status == "True" for c in conditions):
+            self._set_ready(pod, True)
 
     def _hold(self, pod: Any) -> None:
         if pod.metadata.uid not in self._waiting:
