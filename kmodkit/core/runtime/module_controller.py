@@ -746,7 +746,7 @@ class Labelled:
     """The changes that landed, in this pass or an earlier one whose writes the watch has
     not shown yet."""
     events: list[Write] = field(default_factory=list)
-    """Each node's ModuleLoaded or ModuleUnloaded Event for this pass's writes: posted after
+    """Each node's ModuleLoaded or ModuleNotReady Event for this pass's writes: posted after
     the pass's pod writes, which need no Event first."""
 
 
