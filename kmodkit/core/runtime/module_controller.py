@@ -51,6 +51,7 @@ from kmodkit.core.engine.loader_plan import (
     ImageState,
     LoaderPlan,
     NeededImages,
+    NodeOutcome,
     gated_on,
     labels_follow_pods,
     plan,
@@ -377,7 +378,7 @@ class ModuleController:
             _with_plugin_labels(final.node_labels, ns, name, nodes, plugin_ready_on or []),
             body,
             unseen,
-            {o.node: o.message for o in final.outcomes},
+            final.outcomes,
         )
         failures += labelled.failures
         landed = labelled.landed
@@ -579,11 +580,11 @@ class ModuleController:
         changes: Mapping[str, Mapping[str, str | None]],
         body: Mapping[str, Any],
         unseen: UnseenWrites,
-        why: Mapping[str, str] | None = None,
+        outcomes: Iterable[NodeOutcome] = (),
     ) -> Labelled:
-        """Write ``changes``; ``why`` says, by node, what the plan does there (for the Event
-        of a node that stops being ready)."""
-        doing = why or {}
+        """Write ``changes``; ``outcomes`` say what the plan does on each node (told in the
+        Event of a node that stops being ready)."""
+        doing = {o.node: o.message for o in outcomes if o.node in changes}
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         ready_key = labels.READY.key(ns, name)
@@ -716,7 +717,7 @@ class ModuleController:
             _with_plugin_labels(removal.node_labels, ns, name, nodes, []),
             body,
             unseen,
-            {o.node: o.message for o in removal.outcomes},
+            removal.outcomes,
         )
         failures += labelled.failures
         self.writes.run(labelled.events)
