@@ -528,6 +528,15 @@ def test_readiness_label_follows_what_is_really_loaded(
         "the node's Events",
         explain=lambda: _events(kube_api, "default", a0, f"{namespace}/rb"),
     )
+    (not_ready,) = [
+        e.message
+        for e in _events(kube_api, "default", a0, f"{namespace}/rb")
+        if e.reason == "ModuleNotReady"
+    ]
+    # It says what the plan does there: the pod that no longer serves is being started.
+    assert not_ready == (
+        f"Module {namespace}/rb is no longer ready on this node: loader pod {pod} is starting"
+    ), not_ready
     on_module = _events(kube_api, namespace, "rb", f"node {a0}")
     assert [e.reason for e in on_module if e.reason.startswith("Module")] == [], on_module
     # Deleting the Module unloads it: that, once its unloader succeeded, is ModuleUnloaded.
