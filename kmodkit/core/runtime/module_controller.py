@@ -682,6 +682,8 @@ class ModuleController:
         on a node the cache does not hold (yet) stays: that node's labels were
         not taken away, and the pod GC removes pods of nodes that are gone.
         """
+        if not self.shared.nodes_synced:
+            raise kopf.TemporaryError("waiting for the caches to fill", delay=CACHE_WAIT_SECONDS)
         meta = body.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
         if (meta.get("annotations") or {}).get(labels.HANDED_OVER) == "true":
@@ -698,10 +700,6 @@ class ModuleController:
                 )
             log.info("Module %s/%s handed over to another engine; nothing unloaded", ns, name)
             return
-        if not self.shared.nodes_synced:
-            raise kopf.TemporaryError(
-                "waiting for the node cache to fill", delay=CACHE_WAIT_SECONDS
-            )
         module = _removal_module(body)
         nodes = list(self.nodes.values())  # the watch updates the cache from another thread
         seen = {n.name for n in nodes}

@@ -205,6 +205,10 @@ async def _serve(shared: Shared, **operator_args: Any) -> None:
     a crash loop: the caches are dropped and refilled from fresh listings.
     """
     while True:
+        # Before kopf, not in a startup handler: the lists of a large fleet take seconds,
+        # and kopf serves its health endpoint only once its startup handlers are done.
+        # Every pass and finalizer waits for nodes_synced.
+        await shared.start_informers()
         try:
             await kopf.operator(**operator_args)
             return

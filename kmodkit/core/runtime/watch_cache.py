@@ -9,6 +9,7 @@ slim views); the few custom resources and CRDs from kopf.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.owned_index import OwnedIndex
 
 G = TypeVar("G", bound=Hashable)
+log = logging.getLogger("kmodkit.caches")
 
 CACHE_WAIT_SECONDS = 1.0
 """How soon a pass that found the node cache still filling tries again."""
@@ -135,6 +137,7 @@ class Shared:
     watches: list[InformerSpec] = field(default_factory=list)
     informers: list[Informer[Any]] = field(default_factory=list)
     _informer_api: aclient.ApiClient | None = None
+    _syncing: asyncio.Task[None] | None = None
 
     def forget(self) -> None:
         """Drop what kopf's watches said; they list everything again on restart.
@@ -173,6 +176,8 @@ class Shared:
             self.wakeups.wake_for_nodes(moved)
 
     async def start_informers(self) -> None:
+        """Start the informers, not waiting for their lists: ``nodes_synced`` is set, and
+        every loop woken, once they have all landed."""
         if self.informers:
             return  # kopf restarted in-process: the informers kept their watches
         api = self._informer_api = await self.async_api()
@@ -189,14 +194,27 @@ class Shared:
             self.informers.append(informer)
         for informer in self.informers:
             informer.start()
-        for informer in self.informers:
+        self._syncing = asyncio.create_task(self._when_synced(self.informers))
+
+    async def _when_synced(self, informers: list[Informer[Any]]) -> None:
+        started = time.monotonic()
+        for informer in informers:
             await informer.synced.wait()
         self.nodes_synced = True
+        log.info(
+            "caches filled in %.1fs: %d nodes, %d informers",
+            time.monotonic() - started,
+            len(self.nodes),
+            len(informers),
+        )
         self.wakeups.wake_all()
 
     async def stop_informers(self) -> None:
         informers, self.informers = self.informers, []
         self.nodes_synced = False
+        if self._syncing is not None:
+            self._syncing.cancel()
+            self._syncing = None
         for informer in informers:
             await informer.stop()
         if self._informer_api is not None:
@@ -219,13 +237,6 @@ class Shared:
             # CRD groups come and go with their CRDs; they are tracked by the watch below.
             from_crds = {crd.spec.group for crd in ext.list_custom_resource_definition().items}
             self.builtin_groups = frozenset(served - from_crds)
-
-        @kopf.on.startup(registry=registry)
-        async def sync_nodes(**_: Any) -> None:
-            # Startup handlers finish before any watch or daemon starts: passes start
-            # on synced caches (and still check nodes_synced, as the caches are
-            # dropped when kopf stops).
-            await self.start_informers()
 
         @kopf.on.cleanup(registry=registry)
         async def stop_nodes(**_: Any) -> None:

@@ -195,7 +195,7 @@ def test_nothing_is_planned_or_unloaded_before_the_node_cache_is_synced() -> Non
     controller = _controller(kube, seen=["a"], synced=False)
     _labels_gone(controller)
     assert controller.reconcile(dict(BODY), [_pod("a"), _pod("b")], []) == CACHE_WAIT_SECONDS
-    with pytest.raises(kopf.TemporaryError, match="node cache"):
+    with pytest.raises(kopf.TemporaryError, match="caches to fill"):
         controller.finalize(BODY, [_pod("a"), _pod("b")])
     assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])
 
@@ -248,3 +248,12 @@ def test_a_handover_waits_for_loader_pods_that_would_unload_when_deleted() -> No
     with pytest.raises(kopf.TemporaryError, match="cannot hand over: the loader pods on a"):
         controller.finalize(_handed_over(), [legacy])
     assert (kube.labelled, kube.created, kube.deleted) == ([], [], [])
+
+
+def test_a_handover_waits_for_the_caches_to_fill() -> None:
+    # The pods' cache still filling may not hold the loader pod that would unload when
+    # deleted: going now would let the garbage collector delete it with the Module.
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a"], synced=False)
+    with pytest.raises(kopf.TemporaryError, match="caches to fill"):
+        controller.finalize(_handed_over(), [])
