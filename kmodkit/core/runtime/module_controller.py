@@ -497,15 +497,20 @@ class ModuleController:
             for node, names in final.deletes_by_node.items()
             if node not in kept
             for pod_name in names
+            if not unseen.unseen(_deletion_write(pod_name))
         ]
         deleted = self.writes.run(
             Write(f"deleting Pod {ns}/{pod_name}", _bind(self.kube.delete_pod, ns, pod_name))
             for _, pod_name in deletes
         )
         failures += [d for d in deleted if d is not None]
-        # The unloader's success is the unload; its record going (deleted) is when it is told.
+        for (_, pod_name), said in zip(deletes, deleted, strict=True):
+            if said is None:
+                unseen.landed(_deletion_write(pod_name))
+        # The unloader's success is the unload; its record going (deleted) is when it is
+        # told: by the pass whose deletion landed, not by one the watch had not caught up with.
         refused = {node for (node, _), d in zip(deletes, deleted, strict=True) if d is not None}
-        unloaded = set(final.unloaded) - kept - refused
+        unloaded = (set(final.unloaded) & {node for node, _ in deletes}) - kept - refused
         self.writes.run(
             Write(
                 "posting Event ModuleUnloaded",
@@ -635,12 +640,15 @@ class ModuleController:
     def _unseen(self, ns: str, name: str, pods: Iterable[LoaderPod]) -> UnseenWrites:
         """The Module's landed writes the caches do not show yet, those they show forgotten."""
         names = {p.name for p in pods}
+        leaving = {p.name for p in pods if p.deleting}
         unseen = self.unseen.setdefault((ns, name), UnseenWrites())
 
         def seen(write: Hashable) -> bool:
             match write:
                 case ("pod", pod):
                     return pod in names
+                case ("deleted", pod):
+                    return pod not in names or pod in leaving
                 case ("labels", str(node), tuple(change)):
                     view = self.nodes.get(node)
                     return view is None or all(view.labels.get(k) == v for k, v in change)
@@ -755,6 +763,10 @@ def _bind(call: Callable[..., object], *args: object) -> Callable[[], object]:
 
 def _pod_write(name: str) -> tuple[str, str]:
     return ("pod", name)
+
+
+def _deletion_write(name: str) -> tuple[str, str]:
+    return ("deleted", name)
 
 
 def _label_write(node: str, change: Mapping[str, str | None]) -> tuple[str, str, tuple[Any, ...]]:

@@ -257,3 +257,20 @@ def test_a_handover_waits_for_the_caches_to_fill() -> None:
     controller = _controller(kube, seen=["a"], synced=False)
     with pytest.raises(kopf.TemporaryError, match="caches to fill"):
         controller.finalize(_handed_over(), [])
+
+
+def test_an_unloader_deleted_but_not_yet_seen_gone_is_neither_deleted_nor_told_again() -> None:
+    # The next pass may start before the watch shows the deletion (a large fleet, a
+    # lagging watch): the unloader is deleted once, and the node told once.
+    kube = RecordingKube()
+    controller = _controller(kube, seen=["a"])
+    _labels_gone(controller)
+    with pytest.raises(kopf.TemporaryError):
+        controller.finalize(BODY, [_pod("a")])
+    done = [loader_pod_view({**p, "status": {"phase": "Succeeded"}}) for p in kube.created]
+    kube.deleted.clear()
+    for _ in range(3):
+        with pytest.raises(kopf.TemporaryError):
+            controller.finalize(BODY, done)
+    assert kube.deleted == [done[0].name]
+    assert [(n, r) for n, r, _ in kube.posted] == [("a", "ModuleUnloaded")]
