@@ -12,13 +12,16 @@ nodes back; the DKMS node is taken over once vacated.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from kmodkit_dev import audit
 from kmodkit_dev import tenstorrent_demo as demo_objects
+from kmodkit_dev.pki import ADMIN_TOKEN_USER
 from kmodkit_dev.waiting import wait_until
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
@@ -158,7 +161,9 @@ def _uncordoned(f: Fleet) -> bool:
     return not any(f.core.read_node(n).spec.unschedulable for n in f.all_nodes)
 
 
-def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilder]) -> None:
+def test_install_then_one_node_at_a_time_upgrades(
+    fleet: tuple[Fleet, FakeBuilder], dev_cluster: Any
+) -> None:
     f, _ = fleet
     create_policy(
         f.api,
@@ -193,6 +198,17 @@ def test_install_then_one_node_at_a_time_upgrades(fleet: tuple[Fleet, FakeBuilde
     env = {e.name: e.value for e in ds.spec.template.spec.containers[0].env}
     assert env["TT_KMD_VERSION"] == "2.8.0" and env["HTTPS_PROXY"] == "http://proxy.example:3128"
     first_hash = ds.metadata.annotations["driver.tenstorrent.com/template-hash"]
+    # Each owned object applied once over the whole install, however many passes it took:
+    # a pass applies only what the cache shows differing (the apiserver's own count).
+    applies = Counter(
+        (r["objectRef"]["resource"], r["objectRef"]["name"])
+        for r in audit.requests(dev_cluster.log("audit"), ADMIN_TOKEN_USER)
+        if r.get("verb") == "patch"
+        and r["objectRef"].get("namespace") == f.namespace
+        and r["objectRef"].get("resource") in ("daemonsets", "configmaps")
+    )
+    assert ("daemonsets", f"ttdrv-{f.policy}") in applies
+    assert set(applies.values()) == {1}, applies
 
     _holders(f)
     wait_until(

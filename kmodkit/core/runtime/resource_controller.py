@@ -19,6 +19,7 @@ from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
+from kmodkit.core.applied import holds, stamped
 from kmodkit.core.contract.backend import (
     ApplyFailure,
     ClusterView,
@@ -216,7 +217,7 @@ class ResourceController:
             return CACHE_WAIT_SECONDS  # a half-filled node cache is not a smaller fleet
         view = self._view(watched, owned)
         plan = self.resource.plan(body, view)
-        failed = self._apply(body, plan)
+        failed = self._apply(body, plan, owned)
         self._prune(plan, owned)
         status = dict(plan.status)
         if failed and self.resource.apply_failed is not None:
@@ -233,8 +234,9 @@ class ResourceController:
             return min(plan.requeue_after or RETRY_FAILED_APPLY, RETRY_FAILED_APPLY)
         return plan.requeue_after
 
-    def _apply(self, owner: Obj, plan: Plan) -> list[ApplyFailure]:
-        """Apply every planned object; one the apiserver refuses does not stop the others.
+    def _apply(self, owner: Obj, plan: Plan, owned: Sequence[Obj]) -> list[ApplyFailure]:
+        """Apply every planned object the cache (``owned``) does not show as it would be
+        applied; one the apiserver refuses does not stop the others.
 
         Refusals are logged and posted as a Warning event on the owner, naming
         the object and the apiserver's reason, and returned.
@@ -242,6 +244,7 @@ class ResourceController:
         failed = []
         meta = owner.get("metadata") or {}
         ref = controller_reference(owner)
+        live = {_identity(o): o for o in owned}
         for obj in plan.objects:
             body = dict(obj)
             obj_meta = dict(body.get("metadata") or {})
@@ -252,6 +255,9 @@ class ResourceController:
             }
             obj_meta["ownerReferences"] = [ref]
             body["metadata"] = obj_meta
+            body = stamped(body)
+            if holds(live.get(_identity(body)), body):
+                continue  # no write for what the object already holds
             try:
                 self._resource_for(body).server_side_apply(
                     body=body,

@@ -1,0 +1,134 @@
+"""A backend's pass applies an owned object only when the cache shows it differing from
+the plan: a converged policy makes no write a pass, and drift is put back.
+
+The Kube and the dynamic client are stand-ins (no API server) that record the status
+writes and server-side applies the controller makes; the tests play the owned-object
+cache by handing ``reconcile`` what the informer would hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from kmodkit.core.applied import holds
+from kmodkit.core.contract.backend import ClusterView, Plan, Resource
+from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.runtime.resource_controller import ResourceController
+from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.schema.crd import CrdSource
+
+
+class Empty(BaseModel):
+    pass
+
+
+class StatusKube:
+    """Stand-in for kmodkit.core.runtime.kube.Kube: takes status writes and Events."""
+
+    def write_status(self, *_: Any) -> None:
+        """Not what these tests pin."""
+
+    @property
+    def events(self) -> StatusKube:
+        return self
+
+    def post(self, *_: Any, **__: Any) -> bool:
+        return True
+
+
+class Applies:
+    """Stand-in for a dynamic client's resource: records each server-side apply."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Obj] = []
+
+    def server_side_apply(self, body: Obj, **_: Any) -> None:
+        self.bodies.append(body)
+
+
+CONFIG = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "widget-config", "namespace": "kmodkit-system"},
+    "data": {"version": "2.8.0"},
+}
+BODY = {
+    "apiVersion": "acme.example.com/v1",
+    "kind": "Widget",
+    "metadata": {"name": "w", "uid": "widget-uid"},
+}
+
+
+def _controller(planned: list[Obj] | None = None) -> tuple[ResourceController, Applies]:
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+
+    def plan(body: Obj, view: ClusterView) -> Plan:
+        return Plan(objects=list(planned or [CONFIG]))
+
+    shared = Shared(kube=StatusKube(), operator_namespace="kmodkit-system", nodes_synced=True)  # type: ignore[arg-type]
+    controller = ResourceController("acme", Resource(crd=crd, model=Empty, plan=plan), shared)
+    applies = Applies()
+    controller._resource_for = lambda _obj: applies  # type: ignore[method-assign]
+    return controller, applies
+
+
+def _as_stored(applied: Obj, **changes: Any) -> Obj:
+    """What the owned informer holds once the apply landed: the apiserver's own fields added."""
+    meta = {**applied["metadata"], "uid": "cm-uid", "resourceVersion": "7", "generation": 1}
+    return {**applied, "metadata": meta, **changes}
+
+
+def test_a_converged_policy_applies_nothing_and_drift_is_applied_back() -> None:
+    controller, applies = _controller()
+    controller.reconcile(dict(BODY), {}, [])
+    assert [b["data"] for b in applies.bodies] == [{"version": "2.8.0"}]
+    stored = _as_stored(applies.bodies[0])
+
+    for _ in range(3):
+        controller.reconcile(dict(BODY), {}, [stored])
+    assert len(applies.bodies) == 1  # the cache shows it as applied: no write
+
+    edited = _as_stored(applies.bodies[0], data={"version": "2.7.0"})
+    controller.reconcile(dict(BODY), {}, [edited])
+    assert [b["data"] for b in applies.bodies] == [{"version": "2.8.0"}] * 2
+
+    relabelled = _as_stored(applies.bodies[0])
+    relabelled["metadata"] = {**relabelled["metadata"], "labels": {"someone": "else"}}
+    controller.reconcile(dict(BODY), {}, [relabelled])
+    assert len(applies.bodies) == 3  # the owner's labels went: applied again
+
+
+def test_what_the_apiserver_adds_is_held_and_what_differs_is_not() -> None:
+    desired = {"spec": {"containers": [{"name": "c", "image": "i:1"}], "replicas": 1}}
+    defaulted = {
+        "spec": {
+            "containers": [{"name": "c", "image": "i:1", "imagePullPolicy": "IfNotPresent"}],
+            "replicas": 1,
+            "revisionHistoryLimit": 10,
+        }
+    }
+    assert holds(defaulted, desired)
+    assert not holds({"spec": {"containers": [], "replicas": 1}}, desired)
+    two = [{"name": "c", "image": "i:1"}, {"name": "d", "image": "i:1"}]
+    assert not holds({"spec": {"containers": two, "replicas": 1}}, desired)
+    assert not holds(
+        {"spec": {"containers": desired["spec"]["containers"], "replicas": "1"}}, desired
+    )
+    assert not holds({"spec": {"containers": desired["spec"]["containers"]}}, desired)
+    assert not holds(None, desired)
+
+
+def test_a_key_the_plan_no_longer_sets_is_applied_away() -> None:
+    # The object still holds every key planned now, but an apply is what removes the
+    # key it stopped planning: the stamp of the applied body tells the two apart.
+    planned = [{**CONFIG, "data": {"version": "2.8.0", "proxy": "http://proxy:3128"}}]
+    controller, applies = _controller(planned)
+    controller.reconcile(dict(BODY), {}, [])
+    stored = _as_stored(applies.bodies[0])
+    planned[0] = CONFIG
+    controller.reconcile(dict(BODY), {}, [stored])
+    assert [b["data"] for b in applies.bodies][1:] == [{"version": "2.8.0"}]
+    controller.reconcile(dict(BODY), {}, [_as_stored(applies.bodies[1])])
+    assert len(applies.bodies) == 2
