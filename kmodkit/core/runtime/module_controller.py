@@ -510,7 +510,7 @@ class ModuleController:
         # The unloader's success is the unload; its record going (deleted) is when it is
         # told: by the pass whose deletion landed, not by one the watch had not caught up with.
         refused = {node for (node, _), d in zip(deletes, deleted, strict=True) if d is not None}
-        unloaded = (set(final.unloaded) & {node for node, _ in deletes}) - kept - refused
+        unloaded = set(final.unloaded) & ({node for node, _ in deletes} - refused)
         self.writes.run(
             Write(
                 "posting Event ModuleUnloaded",
