@@ -307,7 +307,9 @@ class Mirror:
 class Fleet:
     """A devcluster of ``n`` kwok nodes, the registry, and the operator as a ServiceAccount."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, labels: dict[str, str] | None = None) -> None:
+        """``labels``: the nodes' labels (``SELECTOR``, which the bench's Module selects,
+        when not given)."""
         self.n = n
         self.name = f"bench-{secrets.token_hex(3)}"
         self.work = Path(tempfile.mkdtemp(prefix="kmodkit-bench-"))
@@ -322,7 +324,7 @@ class Fleet:
         self.kernels = {name: KERNELS[i % 3] for i, name in enumerate(self.nodes)}
         devcluster.add_nodes(
             self.cluster,
-            [node_manifest(name, self.kernels[name], SELECTOR) for name in self.nodes],
+            [node_manifest(name, self.kernels[name], labels or SELECTOR) for name in self.nodes],
             echo=lambda _m: None,
             timeout=max(300.0, n / 10),
         )
@@ -351,13 +353,14 @@ class Fleet:
         self.audit = Audit(Path(self.cluster.log("audit")), f"system:serviceaccount:{NS}:operator")
         self.image = f"{self.registry.host}/bench:${{KERNEL_FULL_VERSION}}"
 
-    def launch_operator(self) -> Operator:
+    def launch_operator(self, **env: str) -> Operator:
         """``kmodkit run`` as the ServiceAccount, its metrics on a port of its own."""
         return launch_with_metrics(
             self.kubeconfig,
             self.work / "operator.log",
             KMODKIT_REGISTRY_CA=str(self.cluster.pki / "ca.crt"),
             KMODKIT_AGENT_IMAGE=AGENT_IMAGE,
+            **env,
         )
 
     def measure(self) -> Figures:

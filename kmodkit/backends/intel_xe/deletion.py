@@ -21,7 +21,7 @@ from kmodkit.backends.intel_xe.api import GROUP
 from kmodkit.backends.intel_xe.claims import CLAIMS, allocated_gpu_claims
 from kmodkit.backends.intel_xe.module_lifecycle import BLOCKING, live_modules, reference
 from kmodkit.backends.intel_xe.plan import COLUMNS
-from kmodkit.backends.intel_xe.status import MAX_BLOCKING_CLAIMS, bounded, conditions
+from kmodkit.backends.intel_xe.status import MAX_BLOCKING_CLAIMS, bounded, conditions, progress
 from kmodkit.sdk import ClusterView, Obj
 
 _PAGE = 500
@@ -71,5 +71,5 @@ def _held(body: Obj, errors: list[str], claims: list[str]) -> dict[str, Any]:
         **old,
         "errors": shown,
         "blockingClaims": claims[:MAX_BLOCKING_CLAIMS],
-        "conditions": conditions(old, generation, columns, shown, datetime.now(UTC)),
+        "conditions": conditions(old, generation, progress(columns), shown, datetime.now(UTC)),
     }

@@ -41,6 +41,9 @@ class ModuleOutcome:
     """The engine whose Module is applied or held this pass."""
     switch: str | None = None
     """Where a switch between engines stands, while one is under way."""
+    observed: bool = True
+    """False while the applied Module has no status from its engine yet (its ``0/0`` then
+    counts nothing)."""
 
 
 def reference(module: Mapping[str, Any]) -> str:
@@ -93,6 +96,7 @@ def _applied(desired: dict[str, Any], live: Obj | None) -> ModuleOutcome:
         _column(live),
         errors,
         serving=_ENGINE_NAMES[desired["apiVersion"]],
+        observed="moduleLoader" in ((live or {}).get("status") or {}),
     )
 
 

@@ -35,7 +35,10 @@ from kmodkit.backends.intel_xe.status import (
     MAX_BLOCKING_CLAIMS,
     bounded,
     conditions,
+    daemon_set_observed,
     daemon_set_status,
+    progress,
+    progress_of,
 )
 from kmodkit.sdk import (
     KMM_API_VERSION,
@@ -129,16 +132,20 @@ def _plan(
     objects += module.objects
     errors += module.errors
 
-    columns = {
-        COLUMNS[0]: daemon_set_status(
-            view.owned, device_plugin.name(name), spec.resource_registration == "dp"
-        ),
-        COLUMNS[1]: daemon_set_status(
-            view.owned, dra_driver.name(name), dra_planned or bool(_dra_objects(name, objects))
-        ),
-        COLUMNS[2]: daemon_set_status(view.owned, xpu_manager.name(name), xpu_planned),
-        COLUMNS[3]: module.kmm_status,
+    daemon_sets = {  # column: (DaemonSet, planned)
+        COLUMNS[0]: (device_plugin.name(name), spec.resource_registration == "dp"),
+        COLUMNS[1]: (dra_driver.name(name), dra_planned or bool(_dra_objects(name, objects))),
+        COLUMNS[2]: (xpu_manager.name(name), xpu_planned),
     }
+    columns = {c: daemon_set_status(view.owned, *ds) for c, ds in daemon_sets.items()}
+    columns[COLUMNS[3]] = module.kmm_status
+    unobserved = [
+        f"DaemonSet {ds}"
+        for ds, planned in daemon_sets.values()
+        if planned and not daemon_set_observed(view.owned, ds)
+    ]
+    if not module.observed:
+        unobserved.append(f"Module {module_name(name)}")
     shown = bounded(errors)
     status: dict[str, Any] = {
         **columns,
@@ -147,7 +154,9 @@ def _plan(
         "errors": shown,
         # Which claims hold a deletion back; the errors say only what is held, word for word.
         "blockingClaims": claims[:MAX_BLOCKING_CLAIMS] if any(BLOCKING in e for e in shown) else [],
-        "conditions": conditions(old, generation, list(columns.values()), shown, datetime.now(UTC)),
+        "conditions": conditions(
+            old, generation, progress(list(columns.values()), unobserved), shown, datetime.now(UTC)
+        ),
     }
     if generation is not None:
         status["observedGeneration"] = generation
@@ -169,13 +178,12 @@ def with_apply_failures(
         for f in failures
     ]
     errors = bounded([*(status.get("errors") or []), *refused])
-    columns = [str(status.get(c, "")) for c in COLUMNS]
     old = body.get("status") or {}
     now = datetime.now(UTC)
     return {
         **status,
         "errors": errors,
-        "conditions": conditions(old, meta.get("generation"), columns, errors, now),
+        "conditions": conditions(old, meta.get("generation"), progress_of(status), errors, now),
     }
 
 

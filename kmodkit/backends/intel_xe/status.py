@@ -24,6 +24,34 @@ def daemon_set_status(owned: Sequence[Obj], name: str, planned: bool) -> str:
     return "0/0"
 
 
+def daemon_set_observed(owned: Sequence[Obj], name: str) -> bool:
+    """Whether the DaemonSet controller has counted the component's DaemonSet as it now
+    stands: until then its ``0/0`` says nothing about the nodes."""
+    for obj in owned:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") == "DaemonSet" and meta.get("name") == name:
+            seen = (obj.get("status") or {}).get("observedGeneration")
+            return seen is not None and seen >= (meta.get("generation") or 0)
+    return False
+
+
+def progress(columns: Sequence[str], unobserved: Sequence[str] = ()) -> str:
+    """Why the policy is still progressing, or ``""``: a component whose first status has not
+    come yet, or one behind its nodes."""
+    if unobserved:
+        return f"waiting for the first status of {', '.join(unobserved)}"
+    return "components are rolling out" if any(_behind(c) for c in columns) else ""
+
+
+def progress_of(status: Mapping[str, Any]) -> str:
+    """The progress a status's conditions say (what a plan found), to keep it when only the
+    errors change."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == PROGRESSING and c.get("status") == "True":
+            return str(c.get("message", ""))
+    return ""
+
+
 def bounded(errors: Sequence[str]) -> list[str]:
     """Errors without repeats, at most MAX_ERRORS, the last saying how many were left out."""
     unique = list(dict.fromkeys(errors))
@@ -43,13 +71,13 @@ def _behind(value: str) -> bool:
 def conditions(
     old: Mapping[str, Any],
     generation: int | None,
-    columns: Sequence[str],
+    progressing: str,
     errors: Sequence[str],
     now: datetime,
 ) -> list[dict[str, Any]]:
-    """Ready, Progressing and Degraded; a condition keeps its transition time while unchanged."""
+    """Ready, Progressing (``progressing``: why, or ``""``) and Degraded; a condition keeps
+    its transition time while unchanged."""
     previous = {c.get("type"): c for c in old.get("conditions") or []}
-    progressing = any(_behind(c) for c in columns)
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
@@ -73,14 +101,13 @@ def conditions(
             READY,
             not errors and not progressing,
             "Failing" if errors else "Progressing" if progressing else "Ready",
-            first_error
-            or ("components are rolling out" if progressing else "all components ready"),
+            first_error or progressing or "all components ready",
         ),
         condition(
             PROGRESSING,
-            progressing,
+            bool(progressing),
             "RollingOut" if progressing else "Stable",
-            "components are rolling out" if progressing else "nothing in progress",
+            progressing or "nothing in progress",
         ),
         condition(
             DEGRADED,

@@ -516,6 +516,38 @@ def test_daemonset_status_counts() -> None:
     assert plan(body(), view(owned=owned)).status["devicePluginStatus"] == "2/3"
 
 
+def counted(daemon_set: dict[str, Any], generation: int, seen: int, ready: int = 1) -> Obj:
+    """``daemon_set`` at ``generation``, its controller's status from ``seen``."""
+    status = {"observedGeneration": seen, "numberReady": ready, "desiredNumberScheduled": 1}
+    meta = {**daemon_set["metadata"], "generation": generation}
+    return {**daemon_set, "metadata": meta, "status": status}
+
+
+def test_ready_only_once_every_component_has_reported() -> None:
+    """A Module or DaemonSet just created shows 0/0 until its controller counts it: that says
+    nothing about the nodes, so the policy is not Ready before each has reported."""
+    policy = body(kernelModule=kernel_module())
+    first = plan(policy, view(KMM))
+    module, (dp,) = module_of(first), objects(first, "DaemonSet")
+    waiting = "waiting for the first status of"
+    ds, mod = f"DaemonSet {dp['metadata']['name']}", f"Module {module['metadata']['name']}"
+
+    def condition(*owned: Obj) -> tuple[str, str]:
+        status = plan(policy, view(KMM, owned=list(owned))).status
+        c = {c["type"]: c for c in status["conditions"]}
+        assert c["Ready"]["status"] == ("False" if c["Progressing"]["status"] == "True" else "True")
+        return c["Ready"]["status"], c["Progressing"]["message"]
+
+    assert condition() == ("False", f"{waiting} {ds}, {mod}")
+    assert condition(counted(dp, 1, 1), module) == ("False", f"{waiting} {mod}")
+    assert condition(counted(dp, 2, 1), live(module, 1, 1)) == ("False", f"{waiting} {ds}")
+    assert condition(counted(dp, 2, 2), live(module, 0, 1)) == (
+        "False",
+        "components are rolling out",
+    )
+    assert condition(counted(dp, 2, 2), live(module, 1, 1)) == ("True", "nothing in progress")
+
+
 def test_status_is_stable_once_converged() -> None:
     first = plan(body(), view())
     again = plan({**body(), "status": first.status}, view())

@@ -22,9 +22,11 @@ from tests.unit.backends.intel_xe.test_intel_plan import (
     CLAIM,
     KMM,
     body,
+    counted,
     kernel_module,
     live,
     module_of,
+    objects,
     view,
 )
 
@@ -35,8 +37,10 @@ def _conditions(status: dict[str, Any]) -> dict[str, str]:
 
 def test_a_refused_module_is_an_error_and_the_policy_is_not_ready() -> None:
     policy = body(kernelModule=kernel_module())
-    module = live(module_of(plan(policy, view(KMM))), 1, 1)
-    p = plan(policy, view(KMM, owned=[module]))
+    first = plan(policy, view(KMM))
+    module = live(module_of(first), 1, 1)
+    (dp,) = objects(first, "DaemonSet")
+    p = plan(policy, view(KMM, owned=[module, counted(dp, 1, 1)]))
     assert p.status["errors"] == [] and _conditions(dict(p.status))["Ready"] == "True"
     refused = ApplyFailure(
         "kmm.sigs.x-k8s.io/v1beta1",
