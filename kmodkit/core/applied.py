@@ -10,7 +10,9 @@ cached object says whether it is needed, given two things:
   but the stamp differs, so it is applied;
 - every field the stamped body sets holds the same value on the object: a field someone
   else changed is applied back. Fields the apiserver defaults or others own are not
-  compared, as an apply leaves them alone.
+  compared, as an apply leaves them alone. A field the body sets to an empty or zero value
+  (``args: []``, ``tolerations: []``) is stored without it by the apiserver, so absent
+  holds it.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def stamped(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def holds(live: Any, desired: Any) -> bool:
     """Every value ``desired`` sets is in ``live``: map keys recursively (``live`` may
-    have more), lists item by item and of the same length, anything else equal."""
+    have more; a key ``desired`` sets to an empty or zero value may be absent), lists
+    item by item and of the same length, anything else equal."""
     if isinstance(desired, Mapping):
         return isinstance(live, Mapping) and all(
-            k in live and holds(live[k], v) for k, v in desired.items()
+            holds(live[k], v) if k in live else _omitted(v) for k, v in desired.items()
         )
     if isinstance(desired, list):
         return (
@@ -48,3 +51,9 @@ def holds(live: Any, desired: Any) -> bool:
             and all(holds(a, b) for a, b in zip(live, desired, strict=True))
         )
     return type(live) is type(desired) and bool(live == desired)
+
+
+def _omitted(value: Any) -> bool:
+    """Whether the apiserver stores a field set to ``value`` as no field at all (Go's
+    ``omitempty``: null, an empty list, map or string, zero, false)."""
+    return value is None or (not value and isinstance(value, (list, dict, str, int, float)))

@@ -20,8 +20,10 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit_dev import audit
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.operator import Operator
+from kmodkit_dev.pki import ADMIN_TOKEN_USER
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration import intel_support
@@ -145,6 +147,7 @@ def test_deleting_the_policy_collects_its_module(
 
 
 def test_device_plugin_runs_only_where_the_driver_is_ready(
+    dev_cluster: devcluster.Cluster,
     operator: Operator,
     kube_api: Any,
     operator_namespace: str,
@@ -187,6 +190,18 @@ def test_device_plugin_runs_only_where_the_driver_is_ready(
         assert status["engine"] == "Builtin"
         assert ready in _labels(kube_api, nodes[1])
         assert _plugin_nodes(kube_api, operator_namespace, name) == sorted(nodes)
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+        # Applied once over every pass since (the apiserver's own count): the plugin's
+        # empty args and tolerations, stored as no field, hold as they are.
+        applies = [
+            r
+            for r in audit.requests(dev_cluster.log("audit"), ADMIN_TOKEN_USER)
+            if r.get("verb") == "patch"
+            and r["objectRef"].get("resource") == "daemonsets"
+            and r["objectRef"].get("namespace") == operator_namespace
+            and r["objectRef"].get("name") == f"{name}-device-plugin"
+        ]
+        assert len(applies) == 1, applies
     finally:
         _delete_policy(kube_api, name)
 

@@ -120,6 +120,19 @@ def test_what_the_apiserver_adds_is_held_and_what_differs_is_not() -> None:
     assert not holds(None, desired)
 
 
+def test_a_field_set_empty_is_held_by_its_absence() -> None:
+    """The apiserver stores a field set to an empty list, map or string, zero or false as
+    no field at all: an Intel device plugin DaemonSet (``args: []``, ``tolerations: []``)
+    was applied on every pass until this held."""
+    empty = {"args": [], "tolerations": [], "labels": {}, "sub": "", "off": False, "n": 0}
+    desired = {"spec": {**empty, "gone": None, "image": "i:1"}}
+    assert holds({"spec": {"image": "i:1"}}, desired)
+    assert holds({"spec": {**empty, "image": "i:1"}}, desired)
+    assert not holds({"spec": {"image": "i:1", "args": ["-v"]}}, desired)
+    assert not holds({"spec": {"image": "i:1", "off": True}}, desired)
+    assert not holds({"spec": {}}, desired)
+
+
 def test_a_key_the_plan_no_longer_sets_is_applied_away() -> None:
     # The object still holds every key planned now, but an apply is what removes the
     # key it stopped planning: the stamp of the applied body tells the two apart.
