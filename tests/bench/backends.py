@@ -92,9 +92,14 @@ def _tt_done(version: str) -> Callable[[dict[str, Any], int], bool]:
     return done
 
 
-def _ready(status: dict[str, Any], _n: int) -> bool:
+def _intel_done(status: dict[str, Any], n: int) -> bool:
+    """Ready, with the driver loaded and the device plugin running on every node."""
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    return conditions.get("Ready") == "True"
+    full = f"{n}/{n}"
+    return (
+        conditions.get("Ready") == "True"
+        and status.get("kmmStatus") == status.get("devicePluginStatus") == full
+    )
 
 
 def policies(image: str, budget: int) -> list[Policy]:
@@ -128,7 +133,9 @@ def policies(image: str, budget: int) -> list[Policy]:
             ),
             _tt_done(FIRMWARE_VERSION),
         ),
-        Policy("ClusterPolicy", "intel.com/v1alpha1", "clusterpolicies", cluster_policy, _ready),
+        Policy(
+            "ClusterPolicy", "intel.com/v1alpha1", "clusterpolicies", cluster_policy, _intel_done
+        ),
     ]
 
 

@@ -17,10 +17,16 @@
    budget sets, BENCH_ROLLOUT_MAX_UNAVAILABLE and BENCH_ROLLOUT_SWAP_SECONDS) on
    fleets of up to BENCH_ROLLOUT_MAX_NODES (default 1000).
 
+3. Each backend's policy on a fresh devcluster of BENCH_BACKEND_NODES kwok nodes (default
+   1000, 0 skips it) with the real operator: a TenstorrentDriverPolicy, a
+   TenstorrentFirmwarePolicy and an Intel ClusterPolicy, one after the other: the time to
+   converge, the operator's CPU and peak RSS, its writes and its writes at rest, and its
+   writes after a restart (tests/bench/backends.py).
+
 Sizes are settings: BENCH_PASS_NODES (default 1000), BENCH_PLAN_NODES (default
-10000) and BENCH_SIZES (comma separated, default 300,1000). Every figure is
-printed as a JSON line, then the table. ``--docs`` writes the table and the plot
-into docs/performance.md and docs/performance.svg.
+10000), BENCH_SIZES (comma separated, default 300,1000) and BENCH_BACKEND_NODES. Every
+figure is printed as a JSON line, then the tables. ``--docs`` writes the tables and the
+plot into docs/performance.md and docs/performance.svg.
 """
 
 from __future__ import annotations
@@ -39,11 +45,12 @@ from kmodkit.core.engine.loader_plan import ImageState, ImageStatus, plan
 from kmodkit.core.engine.loader_pod import LoaderSettings
 from kmodkit.core.nodes import NodeView
 from kmodkit_dev.nodes import KERNELS
-from tests.bench import passes, report
+from tests.bench import backends, passes, report
 from tests.bench.fleet import Figures, Fleet, module_body
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+BACKENDS_BEGIN, BACKENDS_END = "<!-- bench-backends:begin -->", "<!-- bench-backends:end -->"
 
 
 def emit(**fields: Any) -> None:
@@ -92,20 +99,45 @@ def bench_fleet(n: int) -> Figures:
     return figures
 
 
-def write_docs(rows: list[Figures]) -> None:
+def bench_backends(n: int) -> str:
+    rows, restart = backends.measure(n)
+    for figures in rows:
+        emit(bench="backend", **dataclasses.asdict(figures))
+    emit(bench="backends_restart", nodes=n, writes=restart)
+    return backends.table(rows, restart)
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + f"{begin}\n{body}\n{end}" + text[stop:]
+
+
+def write_docs(rows: list[Figures], backend_table: str | None) -> None:
     page = DOCS / "performance.md"
     text = page.read_text()
-    measured = (
-        f"{BEGIN}\nMeasured {time.strftime('%Y-%m-%d')} by `make bench` (with `--docs`) "
-        f"(`BENCH_SIZES={','.join(str(f.nodes) for f in rows)}`), one run, "
-        f"{os.cpu_count()} cores:\n\n{report.table(rows)}\n\n"
-        f"The operator's writes by resource during convergence (audit log):\n\n"
-        f"{report.writes_table(rows)}\n\n![time and memory against fleet size](performance.svg)\n"
-        f"{END}"
-    )
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    page.write_text(text[:start] + measured + text[end:])
-    (DOCS / "performance.svg").write_text(report.svg(rows))
+    day = time.strftime("%Y-%m-%d")
+    if rows:
+        text = _replace(
+            text,
+            BEGIN,
+            END,
+            f"Measured {day} by `make bench` (with `--docs`) "
+            f"(`BENCH_SIZES={','.join(str(f.nodes) for f in rows)}`), one run, "
+            f"{os.cpu_count()} cores:\n\n{report.table(rows)}\n\n"
+            f"The operator's writes by resource during convergence (audit log):\n\n"
+            f"{report.writes_table(rows)}\n\n"
+            "![time and memory against fleet size](performance.svg)",
+        )
+        (DOCS / "performance.svg").write_text(report.svg(rows))
+    if backend_table is not None:
+        text = _replace(
+            text,
+            BACKENDS_BEGIN,
+            BACKENDS_END,
+            f"Measured {day} by `make bench` (with `--docs`), {os.cpu_count()} cores:\n\n"
+            f"{backend_table}",
+        )
+    page.write_text(text)
 
 
 def main() -> None:
@@ -113,9 +145,14 @@ def main() -> None:
     bench_plan(int(os.environ.get("BENCH_PLAN_NODES", "10000")))
     sizes = [int(s) for s in os.environ.get("BENCH_SIZES", "300,1000").split(",") if s]
     rows = [bench_fleet(n) for n in sizes]
-    print(report.table(rows))
+    backend_nodes = int(os.environ.get("BENCH_BACKEND_NODES", str(backends.DEFAULT_NODES)))
+    backend_table = bench_backends(backend_nodes) if backend_nodes else None
+    if rows:
+        print(report.table(rows))
+    if backend_table is not None:
+        print(backend_table)
     if "--docs" in sys.argv[1:]:
-        write_docs(rows)
+        write_docs(rows, backend_table)
 
 
 if __name__ == "__main__":
