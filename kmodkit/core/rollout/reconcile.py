@@ -219,7 +219,13 @@ def _move(
     reason, message = _describe(step, policy_id)
     log.info(message)
     recorder = events.Recorder(core)  # a refused event is logged; the pass goes on
-    for ref in [events.node_reference(node), *([dict(involved)] if involved else [])]:
+    refs = [events.node_reference(node)]
+    if involved and (step.reason or step.after in (State.DONE, State.FAILED)):
+        # The policy hears of each node's outcome and of every exception (a blocked
+        # eviction, a timeout, a changed target), not of each routine move: those are
+        # the node's, and on the policy would be 7 writes a node of a fleet's rollout.
+        refs.append(dict(involved))
+    for ref in refs:
         recorder.post(ref, reason, message, warning=step.after is State.FAILED)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -52,6 +53,8 @@ class FakeCore:
     def __init__(self, *nodes: Obj, answers_without_version: bool = False) -> None:
         self.nodes = {str(n["metadata"]["name"]): copy.deepcopy(n) for n in nodes}
         self.calls: list[tuple[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        """(kind of the object, reason) of each Event created."""
         self.answers_without_version = answers_without_version
 
     def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> Any:
@@ -85,6 +88,7 @@ class FakeCore:
 
     def create_namespaced_event(self, namespace: str, body: Any, **_: Any) -> Any:
         self.calls.append(("event", body["reason"]))
+        self.events.append((body["involvedObject"]["kind"], body["reason"]))
         return ANSWERED
 
     def patch_namespaced_event(self, name: str, namespace: str, body: Any, **_: Any) -> Any:
@@ -229,6 +233,38 @@ def test_no_swap_on_an_answer_without_a_resource_version(monkeypatch: pytest.Mon
     status = run_pass(monkeypatch, core, Hooks(core), swapping(rv="7"))
     assert kinds(core) == ["patch"], core.calls
     assert any("no resourceVersion" in e for e in status.errors), status.errors
+
+
+@pytest.mark.parametrize(
+    ("state", "on_policy"),
+    [
+        # A routine move: the node's Event only.
+        ("swapping", []),
+        # A node's outcome: the policy hears of it too.
+        ("uncordoning", [("ConfigMap", "RolloutDone")]),
+        # An exception (started, then down before it was touched): so does the policy.
+        ("cordoning-down", [("ConfigMap", "NodeNotReady")]),
+    ],
+)
+def test_the_policy_hears_of_outcomes_not_of_every_move(
+    monkeypatch: pytest.MonkeyPatch, state: str, on_policy: list[tuple[str, str]]
+) -> None:
+    node = swapping(rv="7")
+    # Objects of their own: the process remembers the Events other tests posted.
+    node["metadata"].update(labels={KEYS.state: state.split("-")[0]}, uid=str(uuid.uuid4()))
+    if state.endswith("-down"):
+        node["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    core = FakeCore(node)
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": str(uuid.uuid4())}
+    policy = UpgradePolicy(validation_timeout_seconds=600)
+    status = reconcile(
+        None, POLICY, policy, [node], Hooks(core), target=TARGET, now=NOW + 5, involved=involved
+    )
+    assert sum(status.transitions.values()) == 1, status
+    (moved,) = [e for e in core.events if e[0] == "Node"]
+    assert [e for e in core.events if e[0] != "Node"] == on_policy, core.events
+    assert on_policy == [] or moved[1] == on_policy[0][1]
 
 
 def gating(name: str, rv: str) -> Obj:
