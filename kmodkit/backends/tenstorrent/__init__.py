@@ -86,6 +86,13 @@ backend = Backend(
                     version=FIRMWARE_CRD.version,
                     plural=FIRMWARE_CRD.plural,
                 ),
+                Watch(
+                    name=firmware_plan.FLASH_JOBS,
+                    group="batch",
+                    version="v1",
+                    plural="jobs",
+                    labels={"app.kubernetes.io/name": FLASHER_APP},
+                ),
             ),
             hooks=firmware_plan.hooks,
             rollout_status=firmware_plan.rollout_status,

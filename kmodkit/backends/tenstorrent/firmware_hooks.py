@@ -64,7 +64,11 @@ class FirmwareHooks:
         settings: TenstorrentSettings,
         namespace: str,
         target: FirmwareTarget,
+        jobs: Mapping[str, Obj] | None = None,
     ) -> None:
+        """``jobs``: the flash Jobs of the operator namespace by name, as the watch shows
+        them (the pass reads each node's Job there, and asks the apiserver only for one
+        the watch does not show)."""
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
         self._owner = owner
@@ -74,6 +78,7 @@ class FirmwareHooks:
         self._namespace = namespace
         self._target = target
         self._keys = RolloutKeys.for_policy(names.firmware_policy_id(target.policy))
+        self._jobs = jobs or {}
 
     def needs_update(self, node: Obj) -> bool:
         return needs_flash(_meta(node).get("annotations") or {}, self._target)
@@ -95,6 +100,13 @@ class FirmwareHooks:
         )
 
     def _read_job(self, name: str) -> Obj | None:
+        """The Job as the watch shows it; read from the apiserver only when the watch shows
+        none (not made yet, or made after the cache's last event): a GET per node in flight
+        and pass was most of a fleet's firmware rollout. A cached Job behind the apiserver
+        says "running" a pass longer, and the watch's event of its end wakes the next pass;
+        whose attempt it is, its annotations say, and they never change."""
+        if name in self._jobs:
+            return self._jobs[name]
         try:
             job: Any = self._batch.read_namespaced_job(
                 name, self._namespace, _preload_content=False
@@ -120,9 +132,13 @@ class FirmwareHooks:
             if owner != self._uid and job_outcome(job) == "running":
                 return None  # an earlier policy's flash is never cut short
             if _meta(job).get("deletionTimestamp") is None:
-                self._batch.delete_namespaced_job(
-                    name, self._namespace, propagation_policy="Background"
-                )
+                try:
+                    self._batch.delete_namespaced_job(
+                        name, self._namespace, propagation_policy="Background"
+                    )
+                except ApiException as err:
+                    if err.status != 404:  # gone since the watch showed it
+                        raise
             return None
         manifest = flash_job(
             self._owner,

@@ -59,6 +59,8 @@ FLASHERS = "flashers"
 """The ``ClusterView.watched`` key of the flash pods."""
 POLICIES = "firmwarepolicies"
 """The ``ClusterView.watched`` key of all firmware policies (who owns a shared node)."""
+FLASH_JOBS = "flashjobs"
+"""The ``ClusterView.watched`` key of the flash Jobs, which the hooks read each pass."""
 
 ROLLOUT_STATES: Mapping[State, str] = {
     State.REQUIRED: "Pending",
@@ -296,13 +298,20 @@ def plan(body: Obj, view: ClusterView) -> Plan:
 def hooks(body: Obj, view: ClusterView, api: Any) -> FirmwareHooks:
     name = str((body.get("metadata") or {}).get("name", ""))
     spec, _ = parse_spec(TenstorrentFirmwarePolicySpec, body.get("spec") or {})
+    namespace = view.operator_namespace
+    jobs = {
+        str(meta.get("name")): job
+        for job in view.watched.get(FLASH_JOBS, ())
+        if (meta := job.get("metadata") or {}).get("namespace") == namespace
+    }
     return FirmwareHooks(
         api,
         body,
         spec,
         TenstorrentSettings.from_settings(view.settings),
-        view.operator_namespace,
+        namespace,
         _target(name, spec, body),
+        jobs,
     )
 
 
