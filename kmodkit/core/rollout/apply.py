@@ -75,6 +75,12 @@ def list_pods_on_node(core: client.CoreV1Api, node: str, label_selector: str = "
     return items
 
 
+def node_names(core: client.CoreV1Api, label_selector: str) -> set[str]:
+    """The names of the nodes the selector matches (the answer read as raw JSON)."""
+    resp: Any = core.list_node(label_selector=label_selector, _preload_content=False)
+    return {str(n["metadata"]["name"]) for n in json.loads(resp.data).get("items") or []}
+
+
 class EvictionOutcome(Enum):
     EVICTED = "evicted"
     GONE = "gone"

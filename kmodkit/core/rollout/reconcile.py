@@ -116,12 +116,11 @@ def _starts_are_safe(
     """
     states = ",".join(sorted(s.value for s in IN_FLIGHT))
     try:
-        listed = core.list_node(label_selector=f"{keys.state} in ({states})").items
+        listed = apply.node_names(core, f"{keys.state} in ({states})")
     except Exception as err:
         run.error("checking the nodes in flight", err)
         return False
-    targeted = {v.name for v in views}
-    fresh = {str(n.metadata.name) for n in listed if n.metadata is not None} & targeted
+    fresh = listed & {v.name for v in views}
     expected = {v.name for v in views if v.state in IN_FLIGHT}
     for step in run.applied:
         if step.after in IN_FLIGHT:

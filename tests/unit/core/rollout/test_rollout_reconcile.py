@@ -22,6 +22,7 @@ from kmodkit.core.contract.policy import UpgradePolicy
 from kmodkit.core.rollout import reconcile as reconcile_module
 from kmodkit.core.rollout.keys import HOLDER_ANNOTATION, RolloutKeys
 from kmodkit.core.rollout.reconcile import reconcile
+from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit.core.rollout.status import RolloutStatus
 
 POLICY = "fw.fleet"
@@ -80,8 +81,16 @@ class FakeCore:
         meta = self.nodes[name]["metadata"]
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
 
-    def list_node(self, label_selector: str = "") -> Any:
-        raise AssertionError("no start is planned in these tests")
+    def list_node(self, label_selector: str, **kwargs: Any) -> Any:
+        """The nodes in flight for POLICY (the one selector a pass lists by), as raw JSON."""
+        assert label_selector.startswith(f"{KEYS.state} in (")
+        assert kwargs.get("_preload_content") is False, "the answer is read as raw JSON"
+        self.calls.append(("list", label_selector))
+        flying = {s.value for s in IN_FLIGHT}
+        items = [
+            n for n in self.nodes.values() if n["metadata"]["labels"].get(KEYS.state) in flying
+        ]
+        return SimpleNamespace(data=json.dumps({"items": items}).encode())
 
     def list_pod_for_all_namespaces(self, **_: Any) -> Any:
         raise AssertionError("no node in these tests needs its pods")
@@ -265,6 +274,39 @@ def test_the_policy_hears_of_outcomes_not_of_every_move(
     (moved,) = [e for e in core.events if e[0] == "Node"]
     assert [e for e in core.events if e[0] != "Node"] == on_policy, core.events
     assert on_policy == [] or moved[1] == on_policy[0][1]
+
+
+def _node(name: str, state: str | None) -> Obj:
+    """A Ready node ``name``, uncordoned, in ``state`` of POLICY's rollout (None: idle)."""
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "3",
+            "labels": {KEYS.state: state} if state else {},
+            "annotations": {},
+        },
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+@pytest.mark.parametrize("n2_in_cluster", [None, "cordoning"])
+def test_a_start_waits_while_the_apiserver_shows_more_nodes_in_flight(
+    monkeypatch: pytest.MonkeyPatch, n2_in_cluster: str | None
+) -> None:
+    """The pass was handed n2 idle, the apiserver has it cordoning (the cache lags): its
+    budget of one may be used up, so n1 does not start before a pass sees the node as it is."""
+    core = FakeCore(_node("n1", "required"), _node("n2", n2_in_cluster))
+    monkeypatch.setattr(reconcile_module, "client", SimpleNamespace(CoreV1Api=lambda api: core))
+    views = [_node("n1", "required"), _node("n2", None)]
+    policy = UpgradePolicy(max_unavailable=1)
+    hooks = Hooks(core)
+    hooks.needs_update = lambda node: node["metadata"]["name"] == "n1"  # type: ignore[method-assign]
+    reconcile(None, POLICY, policy, views, hooks, target=TARGET, now=NOW)
+    started = core.nodes["n1"]["metadata"]["labels"][KEYS.state] == "cordoning"
+    assert started is (n2_in_cluster is None), core.calls
+    assert [kind for kind, _ in core.calls if kind == "list"] == ["list"]
 
 
 def gating(name: str, rv: str) -> Obj:
