@@ -5,7 +5,7 @@ nodes, as one operator serves all three in a cluster that runs them.
 
 For each: the time from creating the policy until its status says every node is done, the
 operator's CPU over that time, its peak RSS, its writes by resource (the apiserver's audit
-log) and its writes in the minute after. Then a SIGKILL and start with all three converged,
+log) and its writes in the minute after. Then a SIGKILL and start with every policy converged,
 and the writes of the 30 s after it.
 
 Stand-in: kwok runs nothing inside a pod, so ``BuilderPlay`` writes the node labels each
@@ -16,6 +16,7 @@ pods and makes the Intel loader and device plugin pods Ready.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +74,8 @@ class BackendFigures:
 class Policy:
     """A policy to converge: what to create, and how its status says every node is done."""
 
+    key: str
+    """How ``BENCH_BACKENDS`` names it."""
     name: str
     group_version: str
     plural: str
@@ -118,6 +121,7 @@ def policies(image: str, budget: int) -> list[Policy]:
     }
     return [
         Policy(
+            "driver",
             "TenstorrentDriverPolicy",
             DRIVER_API,
             "tenstorrentdriverpolicies",
@@ -125,6 +129,7 @@ def policies(image: str, budget: int) -> list[Policy]:
             _tt_done(DRIVER_VERSION),
         ),
         Policy(
+            "firmware",
             "TenstorrentFirmwarePolicy",
             FIRMWARE_API,
             "tenstorrentfirmwarepolicies",
@@ -134,7 +139,12 @@ def policies(image: str, budget: int) -> list[Policy]:
             _tt_done(FIRMWARE_VERSION),
         ),
         Policy(
-            "ClusterPolicy", "intel.com/v1alpha1", "clusterpolicies", cluster_policy, _intel_done
+            "intel",
+            "ClusterPolicy",
+            "intel.com/v1alpha1",
+            "clusterpolicies",
+            cluster_policy,
+            _intel_done,
         ),
     ]
 
@@ -212,10 +222,20 @@ def _converge(fleet: Fleet, op: Operator, policy: Policy) -> BackendFigures:
     return figures
 
 
+def chosen() -> set[str]:
+    """The policies ``BENCH_BACKENDS`` names (comma separated; default all three:
+    driver, firmware, intel)."""
+    keys = set(os.environ.get("BENCH_BACKENDS", "driver,firmware,intel").split(","))
+    if unknown := keys - {p.key for p in policies("", 1)}:
+        raise ValueError(f"BENCH_BACKENDS: unknown {sorted(unknown)}; use driver, firmware, intel")
+    return keys
+
+
 def measure(n: int) -> tuple[list[BackendFigures], dict[str, int]]:
-    """Each policy's figures on one fresh fleet of ``n`` nodes, and the operator's writes
-    in the 30 s after a SIGKILL and start with all of them converged."""
+    """Each chosen policy's figures on one fresh fleet of ``n`` nodes, and the operator's
+    writes in the 30 s after a SIGKILL and start with all of them converged."""
     budget, _ = rollout_settings()
+    keys = chosen()
     fleet = Fleet(n, {**SELECTOR, **TENSTORRENT_LABELS})
     try:
         fleet.core.create_namespaced_service_account(NS, flasher_account())
@@ -223,7 +243,9 @@ def measure(n: int) -> tuple[list[BackendFigures], dict[str, int]]:
         op.wait_healthy(timeout=120)
         try:
             with BuilderPlay(fleet.core):
-                rows = [_converge(fleet, op, p) for p in policies(fleet.image, budget)]
+                rows = [
+                    _converge(fleet, op, p) for p in policies(fleet.image, budget) if p.key in keys
+                ]
                 op.kill()
                 fleet.audit.mark()
                 op = fleet.launch_operator(**OPERATOR_ENV)
@@ -252,7 +274,7 @@ def table(rows: list[BackendFigures], restart: dict[str, int]) -> str:
         )
     lines.append("")
     lines.append(
-        f"Writes in the {RESTART_SECONDS} s after a SIGKILL and start with all three converged "
+        f"Writes in the {RESTART_SECONDS} s after a SIGKILL and start with every policy converged "
         f"(0): {sum(restart.values())}" + (f" ({restart})" if restart else "")
     )
     return "\n".join(lines)

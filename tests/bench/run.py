@@ -21,7 +21,8 @@
    1000, 0 skips it) with the real operator: a TenstorrentDriverPolicy, a
    TenstorrentFirmwarePolicy and an Intel ClusterPolicy, one after the other: the time to
    converge, the operator's CPU and peak RSS, its writes and its writes at rest, and its
-   writes after a restart (tests/bench/backends.py).
+   writes after a restart (tests/bench/backends.py); BENCH_BACKENDS picks some of them
+   (driver, firmware, intel).
 
 Sizes are settings: BENCH_PASS_NODES (default 1000), BENCH_PLAN_NODES (default
 10000), BENCH_SIZES (comma separated, default 300,1000) and BENCH_BACKEND_NODES. Every
