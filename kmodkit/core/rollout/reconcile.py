@@ -291,7 +291,8 @@ def reconcile(
     node is retried when it changes. ``skip_label`` is the backend's opt-out node
     label (nodes with it set to ``"true"`` are left alone). ``involved`` is an
     object reference (apiVersion, kind, name, namespace, uid) of the policy
-    object that also receives an Event for every transition.
+    object that also receives the Events of each node's outcome and of every transition
+    with a reason of its own.
 
     ``known_nodes`` are every node the caller knows of (its node cache), as fresh as
     ``target_nodes``: those outside ``target_nodes`` that carry this rollout's marks
