@@ -160,6 +160,10 @@ def test_device_plugin_runs_only_where_the_driver_is_ready(
     image = _image(oci_registry, name)
     # The driver image exists for the first node's kernel only.
     oci_registry.push(image.replace("$KERNEL_FULL_VERSION", KERNELS[0]))
+    since = client.CustomObjectsApi(kube_api).list_cluster_custom_object(
+        CP_GROUP, CP_VERSION, CP_PLURAL
+    )["metadata"]["resourceVersion"]
+    history = History(kube_api, operator_namespace, name, since)
     _create(kube_api, _policy(name, tag, oci_registry))
     try:
         wait_until(
@@ -202,7 +206,13 @@ def test_device_plugin_runs_only_where_the_driver_is_ready(
             and r["objectRef"].get("name") == f"{name}-device-plugin"
         ]
         assert len(applies) == 1, applies
+        # Ready only with the driver loaded and the plugin running everywhere, in every
+        # stored version of the status: never on the components' first 0/0.
+        seen = history.columns()
+        assert any(ready == "True" for *_, ready in seen), seen
+        assert all((kmm, dp) == ("2/2", "2/2") for kmm, dp, ready in seen if ready == "True"), seen
     finally:
+        history.stop()
         _delete_policy(kube_api, name)
 
 
@@ -550,10 +560,17 @@ def _refused(kube_api: Any, namespace: str, module: str) -> bool:
 
 class History:
     """Every change the test cares about, in the order the watches deliver them: the
-    policy's kmmStatus, and the operator namespace's loader and unloader pods."""
+    policy's kmmStatus, and the operator namespace's loader and unloader pods; and each
+    stored version of the policy's status as (kmmStatus, devicePluginStatus, Ready).
+    ``since``: the resourceVersion the policy's watch starts from (to see a policy from
+    its creation on)."""
 
-    def __init__(self, kube_api: Any, namespace: str, policy: str) -> None:
+    def __init__(
+        self, kube_api: Any, namespace: str, policy: str, since: str | None = None
+    ) -> None:
         self.events: list[tuple[str, ...]] = []
+        self._columns: list[tuple[str, str, str]] = []
+        self._since = since
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [
@@ -595,11 +612,22 @@ class History:
             CP_VERSION,
             CP_PLURAL,
             field_selector=f"metadata.name={policy}",
+            resource_version=self._since,
             timeout_seconds=240,
         ):
             if self._stop.is_set():
                 return
-            self._add("kmmStatus", str((ev["object"].get("status") or {}).get("kmmStatus")))
+            status = ev["object"].get("status") or {}
+            self._add("kmmStatus", str(status.get("kmmStatus")))
+            ready = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+            with self._lock:
+                self._columns.append(
+                    (
+                        str(status.get("kmmStatus")),
+                        str(status.get("devicePluginStatus")),
+                        str(ready.get("Ready")),
+                    )
+                )
 
     def stop(self) -> None:
         self._stop.set()
@@ -607,6 +635,10 @@ class History:
     def index(self, match: Callable[[tuple[str, ...]], bool]) -> int:
         with self._lock:
             return next(i for i, e in enumerate(self.events) if match(e))
+
+    def columns(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return list(self._columns)
 
     def statuses(self) -> list[str]:
         with self._lock:
