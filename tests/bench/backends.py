@@ -26,8 +26,8 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from kmodkit.backends.tenstorrent.driver_api import API_VERSION as DRIVER_API
-from kmodkit.backends.tenstorrent.firmware_api import API_VERSION as FIRMWARE_API
+from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD
+from kmodkit.backends.tenstorrent.firmware_api import FIRMWARE_CRD
 from kmodkit_dev.nodes import TENSTORRENT_LABELS
 from kmodkit_dev.operator import Operator
 from kmodkit_dev.tenstorrent_demo import (
@@ -77,7 +77,8 @@ class Policy:
     key: str
     """How ``BENCH_BACKENDS`` names it."""
     name: str
-    group_version: str
+    group: str
+    version: str
     plural: str
     body: dict[str, Any]
     done: Callable[[dict[str, Any], int], bool]
@@ -123,16 +124,18 @@ def policies(image: str, budget: int) -> list[Policy]:
         Policy(
             "driver",
             "TenstorrentDriverPolicy",
-            DRIVER_API,
-            "tenstorrentdriverpolicies",
+            DRIVER_CRD.group,
+            DRIVER_CRD.version,
+            DRIVER_CRD.plural,
             driver_policy("bench", DRIVER_VERSION, SELECTOR),
             _tt_done(DRIVER_VERSION),
         ),
         Policy(
             "firmware",
             "TenstorrentFirmwarePolicy",
-            FIRMWARE_API,
-            "tenstorrentfirmwarepolicies",
+            FIRMWARE_CRD.group,
+            FIRMWARE_CRD.version,
+            FIRMWARE_CRD.plural,
             firmware_policy(
                 "bench", FIRMWARE_VERSION, SELECTOR, upgradePolicy={"maxParallel": budget}
             ),
@@ -141,7 +144,8 @@ def policies(image: str, budget: int) -> list[Policy]:
         Policy(
             "intel",
             "ClusterPolicy",
-            "intel.com/v1alpha1",
+            "intel.com",
+            "v1alpha1",
             "clusterpolicies",
             cluster_policy,
             _intel_done,
@@ -194,19 +198,17 @@ class BuilderPlay:
 
 
 def _status(objs: Any, policy: Policy) -> dict[str, Any]:
-    group, version = policy.group_version.split("/")
-    obj = objs.get_cluster_custom_object(group, version, policy.plural, "bench")
+    obj = objs.get_cluster_custom_object(policy.group, policy.version, policy.plural, "bench")
     return dict(obj.get("status") or {})
 
 
 def _converge(fleet: Fleet, op: Operator, policy: Policy) -> BackendFigures:
     figures = BackendFigures(policy.name, fleet.n)
     objs = client.CustomObjectsApi(fleet.api)
-    group, version = policy.group_version.split("/")
     fleet.audit.mark()
     cpu = _cpu_s(op.proc.pid)
     started = time.monotonic()
-    objs.create_cluster_custom_object(group, version, policy.plural, policy.body)
+    objs.create_cluster_custom_object(policy.group, policy.version, policy.plural, policy.body)
     while not policy.done(status := _status(objs, policy), fleet.n):
         if time.monotonic() - started > max(900.0, fleet.n / 2):
             raise RuntimeError(f"{policy.name} not converged: {status}; see {op.log}")

@@ -13,26 +13,33 @@ MAX_ERRORS = 10
 MAX_BLOCKING_CLAIMS = 10
 
 
+def _daemon_set(owned: Sequence[Obj], name: str) -> Obj | None:
+    return next(
+        (
+            o
+            for o in owned
+            if o.get("kind") == "DaemonSet" and (o.get("metadata") or {}).get("name") == name
+        ),
+        None,
+    )
+
+
 def daemon_set_status(owned: Sequence[Obj], name: str, planned: bool) -> str:
     """``<ready>/<desired>`` pods of the component's DaemonSet, or N/A when it is not wanted."""
     if not planned:
         return NOT_APPLICABLE
-    for obj in owned:
-        if obj.get("kind") == "DaemonSet" and (obj.get("metadata") or {}).get("name") == name:
-            status = obj.get("status") or {}
-            return f"{status.get('numberReady') or 0}/{status.get('desiredNumberScheduled') or 0}"
-    return "0/0"
+    status = (_daemon_set(owned, name) or {}).get("status") or {}
+    return f"{status.get('numberReady') or 0}/{status.get('desiredNumberScheduled') or 0}"
 
 
 def daemon_set_observed(owned: Sequence[Obj], name: str) -> bool:
     """Whether the DaemonSet controller has counted the component's DaemonSet as it now
     stands: until then its ``0/0`` says nothing about the nodes."""
-    for obj in owned:
-        meta = obj.get("metadata") or {}
-        if obj.get("kind") == "DaemonSet" and meta.get("name") == name:
-            seen = (obj.get("status") or {}).get("observedGeneration")
-            return seen is not None and seen >= (meta.get("generation") or 0)
-    return False
+    obj = _daemon_set(owned, name)
+    if obj is None:
+        return False
+    seen = (obj.get("status") or {}).get("observedGeneration")
+    return seen is not None and seen >= ((obj.get("metadata") or {}).get("generation") or 0)
 
 
 def progress(columns: Sequence[str], unobserved: Sequence[str] = ()) -> str:
