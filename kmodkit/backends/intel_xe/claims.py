@@ -9,7 +9,16 @@ from kmodkit.sdk import Obj, Watch
 DRIVER = "gpu.intel.com"
 
 CLAIMS = Watch(
-    name="resourceclaims", group="resource.k8s.io", version="v1", plural="resourceclaims"
+    name="resourceclaims",
+    group="resource.k8s.io",
+    version="v1",
+    plural="resourceclaims",
+    # One claim or more per workload, every driver's: only what tells an Intel GPU's.
+    fields=(
+        "metadata.name",
+        "metadata.namespace",
+        "status.allocation.devices.results[].driver",
+    ),
 )
 
 

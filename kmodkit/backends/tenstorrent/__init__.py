@@ -8,7 +8,15 @@ Both roll their change through the rollout core; see docs/tenstorrent.md.
 
 from functools import partial
 
-from kmodkit.backends.tenstorrent import driver_plan, firmware_deletion, firmware_plan, names
+from kmodkit.backends.tenstorrent import (
+    builder_pods,
+    driver_plan,
+    firmware_deletion,
+    firmware_job,
+    firmware_plan,
+    flash_pods,
+    names,
+)
 from kmodkit.backends.tenstorrent.cli import tenstorrent as tenstorrent_commands
 from kmodkit.backends.tenstorrent.driver_api import DRIVER_CRD, TenstorrentDriverPolicy
 from kmodkit.backends.tenstorrent.driver_daemonset import APP_NAME as BUILDER_APP
@@ -40,6 +48,7 @@ backend = Backend(
                     version="v1",
                     plural="pods",
                     labels={"app.kubernetes.io/name": BUILDER_APP},
+                    fields=builder_pods.FIELDS,
                 ),
                 Watch(
                     name=driver_plan.POLICIES,
@@ -79,6 +88,7 @@ backend = Backend(
                     version="v1",
                     plural="pods",
                     labels={"app.kubernetes.io/name": FLASHER_APP},
+                    fields=flash_pods.FIELDS,
                 ),
                 Watch(
                     name=firmware_plan.POLICIES,
@@ -92,6 +102,7 @@ backend = Backend(
                     version="v1",
                     plural="jobs",
                     labels={"app.kubernetes.io/name": FLASHER_APP},
+                    fields=firmware_job.FIELDS,
                 ),
             ),
             hooks=firmware_plan.hooks,

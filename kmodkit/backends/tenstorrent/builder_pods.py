@@ -8,11 +8,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from kmodkit.backends.tenstorrent import keys, names
-from kmodkit.backends.tenstorrent.driver_daemonset import CONTAINER, FORCE_UNLOAD_ENV, VERSION_ENV
+from kmodkit.backends.tenstorrent.driver_daemonset import CONTAINER, FORCE_UNLOAD_ENV
 
 CRASH_LOOP_RESTARTS = 3
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 MAX_MESSAGE = 600
+FIELDS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.labels",
+    "metadata.annotations",
+    "metadata.deletionTimestamp",
+    "spec.nodeName",
+    "spec.containers[].name",
+    "spec.containers[].env",
+    "status.conditions",
+    "status.containerStatuses[].name",
+    "status.containerStatuses[].state",
+    "status.containerStatuses[].lastState",
+    "status.containerStatuses[].restartCount",
+)
+"""What ``builder_pod`` and the owners' checks read of a builder pod: all the operator keeps
+of one, on every node."""
 
 
 @dataclass(frozen=True)
@@ -21,7 +38,6 @@ class BuilderPod:
     namespace: str
     node: str
     template_hash: str
-    version: str
     force_unload: bool
     ready: bool
     deleting: bool
@@ -84,7 +100,6 @@ def builder_pod(pod: Mapping[str, Any]) -> BuilderPod:
         template_hash=str(
             (meta.get("annotations") or {}).get(keys.TT_TEMPLATE_HASH_ANNOTATION, "")
         ),
-        version=_env(container, VERSION_ENV),
         force_unload=_env(container, FORCE_UNLOAD_ENV) == "true",
         ready=ready,
         deleting=meta.get("deletionTimestamp") is not None,

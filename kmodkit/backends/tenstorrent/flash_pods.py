@@ -13,6 +13,14 @@ from typing import Any
 from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.builder_pods import IMAGE_PULL_REASONS
 
+FIELDS = (
+    "metadata.labels",
+    "spec.nodeName",
+    "status.initContainerStatuses[].state",
+    "status.containerStatuses[].state",
+)
+"""What ``image_pull_problems`` reads of a flash pod (a finished one is kept for a day)."""
+
 
 def image_pull_problems(pods: Iterable[Mapping[str, Any]], policy: str) -> dict[str, str]:
     """The kubelet's waiting reason by node, for this policy's flash pods that cannot pull

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import click
 from pydantic import BaseModel
 
+from kmodkit.core.contract.fields import Tree, cut, field_tree
 from kmodkit.core.contract.hooks import Obj, RolloutHooks
 from kmodkit.core.contract.policy import UpgradePolicy
 from kmodkit.core.nodes import NodeView
@@ -49,6 +51,24 @@ class Watch:
     """Whether a change to one of these objects re-plans every object of the resource. False
     for objects read only as context whose changes other events (or the plan's requeue) follow:
     a DaemonSet's status changes with every pod it runs."""
+    fields: tuple[str, ...] = ()
+    """The fields the plan and hooks read (``kmodkit.core.contract.fields`` paths, e.g.
+    ``spec.nodeName``, ``status.containerStatuses[].state``): the cache keeps only these, and
+    a change to no other field wakes nothing. Empty keeps each object whole, less
+    ``metadata.managedFields``. Name them for fleet-sized kinds: a pod kept whole costs the
+    operator kilobytes, on every node. A third party's plan tests may read their fixtures
+    through ``kept`` to see what the plan will see."""
+
+    def __post_init__(self) -> None:
+        self._tree  # noqa: B018 -- a bad path is refused when the backend is loaded
+
+    @cached_property
+    def _tree(self) -> Tree:
+        return field_tree(self.fields)
+
+    def kept(self, obj: Obj) -> Obj:
+        """The fields of ``obj`` the cache keeps (all when none are named)."""
+        return cut(obj, self._tree) if self.fields else obj
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ class ResourceController:
             name,
             kind_lister(w.group, w.version, w.plural),
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
-            lambda obj: (None, kept_whole(obj)),
+            lambda obj: (None, kept_whole(w.kept(obj))),
             index,
             # Narrow enough: watches are label-filtered.
             lambda _: wakeups.wake_all() if w.wakes else None,

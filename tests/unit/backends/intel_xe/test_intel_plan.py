@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kmodkit.backends import intel_xe
 from kmodkit.backends.intel_xe.plan import DRA_DISABLED, NFD_MISSING, plan
 from kmodkit.backends.intel_xe.settings import DRA_GROUP
 from kmodkit.backends.intel_xe.status import MAX_ERRORS, bounded
@@ -13,6 +14,7 @@ from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.contract.hooks import Obj
 from kmodkit.core.engine.module_rules import validate_module
 from kmodkit.sdk import HANDED_OVER
+from tests.unit.backends.cached import as_cached
 
 NS = "kmodkit-system"
 KMM = frozenset({"kmm.sigs.x-k8s.io"})
@@ -57,7 +59,10 @@ def view(
         # Every supported Kubernetes (1.34+) serves DRA's resource.k8s.io.
         api_groups=groups | {DRA_GROUP},
         operator_namespace=NS,
-        watched={"resourceclaims": claims or [], "admin-access-namespaces": namespaces},
+        watched=as_cached(
+            intel_xe.backend,
+            {"resourceclaims": claims or [], "admin-access-namespaces": namespaces},
+        ),
         owned=owned or [],
         settings=settings,
     )

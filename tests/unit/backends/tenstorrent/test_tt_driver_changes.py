@@ -18,14 +18,13 @@ KMD = "driver.tenstorrent.com/kmd-version"
 STATE = "rollout.kmodkit.io/ttdp.p"
 
 
-def _pod(node: str, digest: str = "new", version: str = "2.9.0", **fields: Any) -> BuilderPod:
+def _pod(node: str, digest: str = "new", **fields: Any) -> BuilderPod:
     defaults: dict[str, Any] = {"force_unload": False, "ready": True, "deleting": False}
     return BuilderPod(
         name=f"b-{node}",
         namespace="ops",
         node=node,
         template_hash=digest,
-        version=version,
         **{**defaults, **fields},
     )
 
@@ -90,7 +89,7 @@ def test_nodes_needing_a_reload_or_held_by_the_rollout_are_not_restarted() -> No
         _node("fresh", **{KMD: ""}),
         _node("host", **{KMD: "", "driver.tenstorrent.com/install-mode": "host"}),
     ]
-    pods = {n.name: _pod(n.name, "old", version="2.8.0") for n in nodes}
+    pods = {n.name: _pod(n.name, "old") for n in nodes}
     assert builders_to_restart(nodes, pods, TARGET, STATE, 10) == [
         pods["done"],
         pods["fresh"],

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kmodkit.backends import tenstorrent
 from kmodkit.backends.tenstorrent import driver_plan, names
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicyStatus
 from kmodkit.backends.tenstorrent.keys import TT_DRIVER_SKIP_LABEL, TT_PCI_PRESENT_LABEL
@@ -19,6 +20,7 @@ from kmodkit.backends.tenstorrent.status_common import Row, transition_events
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.nodes import NodeView
 from kmodkit.sdk import RolloutKeys
+from tests.unit.backends.cached import as_cached
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PCI = {TT_PCI_PRESENT_LABEL: "true"}
@@ -162,11 +164,14 @@ def _view(
         nodes=nodes,
         api_groups=frozenset(),
         operator_namespace="ops",
-        watched={
-            driver_plan.POLICIES: policies,
-            driver_plan.BUILDER_SETS: list(sets),
-            driver_plan.BUILDERS: list(pods),
-        },
+        watched=as_cached(
+            tenstorrent.backend,
+            {
+                driver_plan.POLICIES: policies,
+                driver_plan.BUILDER_SETS: sets,
+                driver_plan.BUILDERS: pods,
+            },
+        ),
         owned=list(owned),
     )
 

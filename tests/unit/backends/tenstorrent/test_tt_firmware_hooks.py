@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kmodkit.backends import tenstorrent
 from kmodkit.backends.tenstorrent import names
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget
 from kmodkit.backends.tenstorrent.firmware_job import flash_job
+from kmodkit.backends.tenstorrent.firmware_plan import FLASH_JOBS
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.sdk import Obj, Pending, RolloutKeys, Validated
+from tests.unit.backends.cached import as_cached
 
 SPEC = TenstorrentFirmwarePolicySpec.model_validate({"version": "19.9.0", "nodeSelector": {}})
 OWNER = {"metadata": {"name": "fw", "uid": "policy-uid"}}
@@ -58,7 +61,10 @@ def _job(attempt: str, *conditions: str) -> Obj:
 
 
 def _hooks(batch: Batch, *cached: Obj) -> FirmwareHooks:
-    jobs = {str(j["metadata"]["name"]): j for j in cached}
+    jobs = {
+        str(j["metadata"]["name"]): j
+        for j in as_cached(tenstorrent.backend, {FLASH_JOBS: cached})[FLASH_JOBS]
+    }
     settings = TenstorrentSettings.from_settings({})
     hooks = FirmwareHooks(None, OWNER, SPEC, settings, NS, TARGET, jobs)
     hooks._batch = batch  # type: ignore[assignment]

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kmodkit.backends import tenstorrent
 from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
 from kmodkit.backends.tenstorrent.builder_pods import builder_pod
 from kmodkit.backends.tenstorrent.driver_changes import DriverTarget, needs_rollout
@@ -14,6 +15,7 @@ from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareTarget, needs_fl
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.contract.hooks import Pending, Validated
 from kmodkit.core.nodes import NodeView
+from tests.unit.backends.cached import as_cached
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PCI = {"feature.node.kubernetes.io/pci-1200_1e52.present": "true"}
@@ -39,7 +41,7 @@ def _view(
         nodes=nodes,
         api_groups=frozenset(),
         operator_namespace="ops",
-        watched={driver_plan.BUILDERS: list(pods)},
+        watched=as_cached(tenstorrent.backend, {driver_plan.BUILDERS: pods}),
         owned=[
             {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ttdrv-default"}}
         ]

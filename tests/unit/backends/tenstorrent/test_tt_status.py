@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from kmodkit.backends import tenstorrent
 from kmodkit.backends.tenstorrent import driver_plan, firmware_plan
 from kmodkit.core.contract.backend import ClusterView
 from kmodkit.core.nodes import NodeView
+from tests.unit.backends.cached import as_cached
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 PCI = {"feature.node.kubernetes.io/pci-1200_1e52.present": "true"}
@@ -24,7 +26,7 @@ def _view(nodes: list[NodeView], **watched: list[dict[str, Any]]) -> ClusterView
         nodes=nodes,
         api_groups=frozenset(),
         operator_namespace="ops",
-        watched=watched,
+        watched=as_cached(tenstorrent.backend, watched),
         owned=[{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ttdrv-d"}}],
     )
 

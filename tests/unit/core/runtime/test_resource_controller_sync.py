@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from kmodkit.core.contract.backend import ClusterView, OwnedKind, Plan, Resource, Watch
 from kmodkit.core.contract.hooks import Obj
-from kmodkit.core.runtime.informer_cache import Change
+from kmodkit.core.runtime.informer_cache import Change, InformerCache
 from kmodkit.core.runtime.resource_controller import OWNER_UID_LABEL, ResourceController
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 from kmodkit.core.schema.crd import CrdSource
@@ -71,6 +71,33 @@ def test_watches_are_informers_with_server_side_selectors_and_wake_as_declared()
     }
     pods.forget()
     assert controller._watched()["pods"] == []
+
+
+def test_a_watch_naming_its_fields_keeps_those_and_wakes_for_no_other() -> None:
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+    shared = Shared(kube=NoKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    fields = ("metadata.name", "spec.nodeName", "status.containerStatuses[].state")
+    watch = Watch(name="pods", group="", version="v1", plural="pods", fields=fields)
+    resource = Resource(crd=crd, model=Empty, plan=lambda _b, _v: Plan(), watches=(watch,))
+    ResourceController("acme", resource, shared).register(kopf.OperatorRegistry())
+    (spec,) = shared.watches
+    cache = InformerCache(spec.view)
+
+    def pod(rv: str, image: str, state: str) -> Obj:
+        return {
+            "metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": rv},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": image}]},
+            "status": {"containerStatuses": [{"name": "c", "image": image, "state": state}]},
+        }
+
+    added = cache.apply("ADDED", pod("1", "a", "waiting"))
+    assert added is not None and added.new[1] == {
+        "metadata": {"name": "p"},
+        "spec": {"nodeName": "n1"},
+        "status": {"containerStatuses": [{"state": "waiting"}]},
+    }
+    assert cache.apply("MODIFIED", pod("2", "b", "waiting")) is None  # nothing kept moved
+    assert cache.apply("MODIFIED", pod("3", "b", "running")) is not None
 
 
 def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_owner() -> None:
