@@ -20,9 +20,7 @@ from kmodkit.backends.tenstorrent.drain_rules import is_device_consumer
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
 from kmodkit.backends.tenstorrent.firmware_job import failure_text, flash_job, job_outcome
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
-from kmodkit.sdk import FIELD_MANAGER, Failed, Obj, Pending, RolloutKeys, Validated, Validation
-
-MERGE_PATCH = "application/merge-patch+json"
+from kmodkit.sdk import Failed, Obj, Pending, RolloutKeys, Validated, Validation
 
 
 @dataclass(frozen=True)
@@ -172,8 +170,7 @@ class FirmwareHooks:
             return Failed("FlashJobFailed", f"flash Job {name}: {text}")
         if outcome == "running":
             return Pending(f"flash Job {name} is running")
-        self._remember(node, name)
-        return Validated()
+        return self._flashed(name)
 
     def _pod_message(self, job_name: str) -> str:
         pods = self._core.list_namespaced_pod(
@@ -186,29 +183,14 @@ class FirmwareHooks:
                     return str(terminated.message).strip().splitlines()[-1][:400]
         return ""
 
-    def _remember(self, node: Obj, job_name: str) -> None:
-        """Record on the node what it runs now, once (an unchanged node is not written)."""
-        wanted_annotations = {
+    def _flashed(self, job_name: str) -> Validated:
+        """The node is healthy; what it runs now is recorded with its move on."""
+        annotations = {
             keys.TT_FW_CURRENT_VERSION_ANNOTATION: self._target.readback,
             keys.TT_FW_LAST_JOB_ANNOTATION: job_name,
         }
         if self._target.force_request is not None:
-            wanted_annotations[keys.TT_FW_FORCED_ANNOTATION] = self._target.force_marker
-        annotations = _meta(node).get("annotations") or {}
-        node_labels = _meta(node).get("labels") or {}
-        if all(annotations.get(k) == v for k, v in wanted_annotations.items()) and (
-            node_labels.get(keys.TT_FW_VERSION_LABEL) == self._target.readback
-        ):
-            return
-        body = {
-            "metadata": {
-                "annotations": wanted_annotations,
-                "labels": {keys.TT_FW_VERSION_LABEL: self._target.readback},
-            }
-        }
-        self._core.patch_node(
-            str(_meta(node).get("name")),
-            body,
-            field_manager=FIELD_MANAGER,
-            _content_type=MERGE_PATCH,
+            annotations[keys.TT_FW_FORCED_ANNOTATION] = self._target.force_marker
+        return Validated(
+            labels={keys.TT_FW_VERSION_LABEL: self._target.readback}, annotations=annotations
         )

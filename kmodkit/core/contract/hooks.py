@@ -8,7 +8,7 @@ client-library model in between.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Obj = Mapping[str, Any]
@@ -17,7 +17,16 @@ Obj = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Validated:
-    """The swapped node is healthy."""
+    """The swapped node is healthy.
+
+    ``labels`` and ``annotations`` record on the node what it runs now: the rollout writes
+    them with the node's move out of ``validating``, in the same patch, guarded like every
+    state write. Written by the hook instead, they would land beside the move and make it
+    stale (a refused write and one more pass per node); together, a crash never keeps one
+    without the other."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

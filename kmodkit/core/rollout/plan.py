@@ -151,7 +151,9 @@ def _move(
 ) -> Step:
     keys = ctx.keys
     message = _bounded(message)
+    # What rides on the move first: the move's own keys win over a backend's record.
     ann: dict[str, str | None] = {
+        **(annotations or {}),
         keys.since: None if to is None else str(int(ctx.now)),
         keys.reason: reason or None,
         keys.message: message or None,
@@ -160,10 +162,8 @@ def _move(
         # The swap's marker lives only while the node is in ``swapping``. A swap step's
         # view predates its own marker, so leaving ``swapping`` always removes it.
         ann[keys.swap] = None
-    ann.update(annotations or {})
     ann.update(_claim(view, ctx, to))
-    lab: dict[str, str | None] = {keys.state: None if to is None else to.value}
-    lab.update(labels or {})
+    lab: dict[str, str | None] = {**(labels or {}), keys.state: None if to is None else to.value}
     patch = NodePatch(labels=lab, annotations=ann, unschedulable=unschedulable)
     marker = NodePatch(annotations={keys.swap: ctx.target}) if swap else None
     return Step(view.name, view.state, to, reason, message, patch, swap_marker=marker)
@@ -424,7 +424,9 @@ def _drain(view: NodeView, ctx: Context) -> Step | None:
 def _validate(view: NodeView, ctx: Context) -> Step | None:
     verdict = view.validation
     if isinstance(verdict, Validated):
-        return _move(view, ctx, State.UNCORDONING)
+        return _move(
+            view, ctx, State.UNCORDONING, labels=verdict.labels, annotations=verdict.annotations
+        )
     if isinstance(verdict, Failed):
         return _move(view, ctx, State.FAILED, reason=verdict.reason, message=verdict.message)
     timeout = ctx.policy.validation_timeout_seconds

@@ -15,9 +15,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.backends import tenstorrent
-from kmodkit.backends.tenstorrent import names
+from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.firmware_api import TenstorrentFirmwarePolicySpec
-from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget
+from kmodkit.backends.tenstorrent.firmware_hooks import FirmwareHooks, FirmwareTarget, needs_flash
 from kmodkit.backends.tenstorrent.firmware_job import flash_job
 from kmodkit.backends.tenstorrent.firmware_plan import FLASH_JOBS
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
@@ -60,29 +60,47 @@ def _job(attempt: str, *conditions: str) -> Obj:
     return job
 
 
-def _hooks(batch: Batch, *cached: Obj) -> FirmwareHooks:
+def _hooks(batch: Batch, *cached: Obj, target: FirmwareTarget = TARGET) -> FirmwareHooks:
     jobs = {
         str(j["metadata"]["name"]): j
         for j in as_cached(tenstorrent.backend, {FLASH_JOBS: cached})[FLASH_JOBS]
     }
     settings = TenstorrentSettings.from_settings({})
-    hooks = FirmwareHooks(None, OWNER, SPEC, settings, NS, TARGET, jobs)
+    hooks = FirmwareHooks(None, OWNER, SPEC, settings, NS, target, jobs)
     hooks._batch = batch  # type: ignore[assignment]
-    hooks._core = SimpleNamespace(patch_node=lambda *a, **k: batch.calls.append("remember"))  # type: ignore[assignment]
+    hooks._core = None  # type: ignore[assignment]  # a write to the node would fail
     return hooks
+
+
+FLASHED = Validated(
+    labels={keys.TT_FW_VERSION_LABEL: SPEC.readback()},
+    annotations={
+        keys.TT_FW_CURRENT_VERSION_ANNOTATION: SPEC.readback(),
+        keys.TT_FW_LAST_JOB_ANNOTATION: str(_job("2@19.9.0")["metadata"]["name"]),
+    },
+)
+"""A flashed node's record, for the rollout to write with its move on (never by the hook)."""
 
 
 def test_a_job_the_watch_shows_costs_no_read() -> None:
     batch = Batch()
     assert isinstance(_hooks(batch, _job("2@19.9.0")).validate(NODE), Pending)
-    assert isinstance(_hooks(batch, _job("2@19.9.0", "Complete")).validate(NODE), Validated)
-    assert batch.calls == ["remember"]
+    assert _hooks(batch, _job("2@19.9.0", "Complete")).validate(NODE) == FLASHED
+    assert batch.calls == []
+
+
+def test_a_forced_flash_is_recorded_so_that_it_is_not_forced_again() -> None:
+    forced = FirmwareTarget("fw", SPEC.readback(), auto_upgrade=True, force_request=5)
+    verdict = _hooks(Batch(), _job("2@19.9.0", "Complete"), target=forced).validate(NODE)
+    assert isinstance(verdict, Validated)
+    assert verdict.annotations[keys.TT_FW_FORCED_ANNOTATION] == "fw/5"
+    assert needs_flash(verdict.annotations, forced) is False
 
 
 def test_a_job_the_watch_does_not_show_is_read_from_the_apiserver() -> None:
     batch = Batch(stored=_job("2@19.9.0", "Complete"))
-    assert isinstance(_hooks(batch).validate(NODE), Validated)
-    assert batch.calls == ["read", "remember"]
+    assert _hooks(batch).validate(NODE) == FLASHED
+    assert batch.calls == ["read"]
     batch = Batch()
     assert isinstance(_hooks(batch).validate(NODE), Pending)
     assert batch.calls == ["read", "create"]

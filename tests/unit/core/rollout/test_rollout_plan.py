@@ -581,6 +581,21 @@ def test_validated_moves_to_uncordoning() -> None:
     assert only_step([view]).after is State.UNCORDONING
 
 
+def test_what_the_backend_records_rides_on_the_move_out_of_validating() -> None:
+    """One patch, guarded like every move: written by the hook beside it, the record made
+    the move stale; and the move's own keys are not the backend's to write."""
+    verdict = Validated(
+        labels={"fw.example.com/version": "19.9.0", KEYS.state: "done"},
+        annotations={"fw.example.com/job": "flash-n1", KEYS.reason: "Mine"},
+    )
+    view = node(state=State.VALIDATING, needs_update=False, validation=verdict, record=record())
+    step = only_step([view])
+    assert step.after is State.UNCORDONING
+    assert labels_of(step) == {"fw.example.com/version": "19.9.0", KEYS.state: "uncordoning"}
+    assert annotations_of(step)["fw.example.com/job"] == "flash-n1"
+    assert annotations_of(step)[KEYS.reason] is None
+
+
 def test_pending_validation_waits_then_times_out() -> None:
     view = node(state=State.VALIDATING, validation=Pending("module loading"), record=record())
     assert run([view]).steps == ()
