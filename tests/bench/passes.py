@@ -50,7 +50,7 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ from kmodkit.core.nodes import slim_node
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.states import NEEDS_PODS, parse_state
 from kmodkit.core.runtime import metrics
-from kmodkit.core.runtime.informer_cache import Change
+from kmodkit.core.runtime.informer_cache import Change, kept_whole
 from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.resource_controller import ResourceController, _identity
 from kmodkit.core.runtime.watch_cache import Shared
@@ -297,6 +297,11 @@ class Harness:
         self.shared = shared
         self.applied = Applied()
         self.controller = BenchController(backend, resource, shared, self.applied)
+        self.watches = {w.name: w for w in resource.watches}
+
+    def cached(self, name: str, objs: Iterable[Json]) -> list[Json]:
+        """``objs`` as the runtime's cache for the watch ``name`` keeps them."""
+        return [kept_whole(self.watches[name].kept(o)) for o in objs]
 
     def run(self, s: Scenario) -> None:
         """One pass, as the kopf daemon's ``one_pass`` calls it."""
@@ -588,7 +593,7 @@ def measure_driver(n: int) -> dict[str, Any]:
     h.settle(s)
     (ds,) = [o for o in s.owned if o["kind"] == "DaemonSet"]
     builders.update(_builder_pods(ds, nodes))
-    s.watched[BUILDERS] = list(builders.values())
+    s.watched[BUILDERS] = h.cached(BUILDERS, builders.values())
 
     def builder_sets() -> None:
         s.watched[BUILDER_SETS] = [o for o in s.owned if o["kind"] == "DaemonSet"]
@@ -686,7 +691,9 @@ def measure_firmware(n: int) -> dict[str, Any]:
     nodes = _tt_nodes(n, kmd="2.9.0", readback="19.9.0.0")
     h = Harness("tenstorrent", FIRMWARE, nodes, _workloads)
     body = firmware_policy("19.9.0")
-    s = Scenario(body, {FLASHERS: _flash_pods(body, nodes), FIRMWARE_POLICIES: [body]})
+    s = Scenario(
+        body, {FLASHERS: h.cached(FLASHERS, _flash_pods(body, nodes)), FIRMWARE_POLICIES: [body]}
+    )
     h.until_status_settles(s)
     converged = h.measure(s)
 
@@ -767,7 +774,7 @@ def measure_cluster_policy(n: int) -> dict[str, Any]:
     namespaces = [{"metadata": {"name": NAMESPACE, "labels": {ADMIN_ACCESS_LABEL: "true"}}}]
     s = Scenario(
         cluster_policy("v7.1.4.8_260728.8"),
-        {CLAIMS.name: _claims(nodes), ADMIN_NAMESPACES.name: namespaces},
+        {CLAIMS.name: h.cached(CLAIMS.name, _claims(nodes)), ADMIN_NAMESPACES.name: namespaces},
         live_status=_intel_status(n, n),
     )
     h.until_status_settles(s)
