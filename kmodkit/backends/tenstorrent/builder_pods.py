@@ -20,13 +20,13 @@ FIELDS = (
     "metadata.annotations",
     "metadata.deletionTimestamp",
     "spec.nodeName",
-    "spec.containers[].name",
-    "spec.containers[].env",
-    "status.conditions",
-    "status.containerStatuses[].name",
-    "status.containerStatuses[].state",
-    "status.containerStatuses[].lastState",
-    "status.containerStatuses[].restartCount",
+    f"spec.containers[name={CONTAINER}].name",
+    f"spec.containers[name={CONTAINER}].env[name={FORCE_UNLOAD_ENV}]",
+    "status.conditions[type=Ready]",
+    f"status.containerStatuses[name={CONTAINER}].name",
+    f"status.containerStatuses[name={CONTAINER}].state",
+    f"status.containerStatuses[name={CONTAINER}].lastState",
+    f"status.containerStatuses[name={CONTAINER}].restartCount",
 )
 """What ``builder_pod`` and the owners' checks read of a builder pod: all the operator keeps
 of one, on every node."""

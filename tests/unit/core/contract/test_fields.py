@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kmodkit.core.contract.backend import Watch
@@ -56,10 +58,38 @@ def test_a_field_kept_whole_wins_over_a_deeper_path(paths: list[str]) -> None:
     assert cut(POD, field_tree(paths)) == {"metadata": POD["metadata"]}
 
 
-@pytest.mark.parametrize("path", ["", "spec..nodeName", "spec.", "[].name"])
-def test_an_empty_segment_is_refused_when_the_watch_is_declared(path: str) -> None:
-    with pytest.raises(ValueError, match="empty segment"):
-        Watch(name="pods", group="", version="v1", plural="pods", fields=("spec.nodeName", path))
+def test_a_selection_keeps_only_the_elements_whose_key_has_that_value() -> None:
+    tree = field_tree(["spec.containers[name=c].env", "status.conditions[type=Ready]"])
+    assert cut(POD, tree) == {
+        "spec": {"containers": [{"env": [{"name": "E", "value": "v"}]}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert cut(POD, field_tree(["spec.containers[name=x]"])) == {"spec": {"containers": []}}
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("", "segment '' is not a name"),
+        ("spec..nodeName", "segment '' is not a name"),
+        ("spec.", "segment '' is not a name"),
+        ("[].name", "segment '[]' is not a name"),
+        ("spec.containers[name]", "segment 'containers[name]' is not a name"),
+        ("spec.containers[=c]", "segment 'containers[=c]' is not a name"),
+        ("spec.containers[name=c].env", "containers is named another way too"),
+    ],
+)
+def test_a_path_it_cannot_follow_is_refused_when_the_watch_is_declared(
+    path: str, says: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"field path {path!r}: {says}")):
+        Watch(
+            name="pods",
+            group="",
+            version="v1",
+            plural="pods",
+            fields=("spec.nodeName", "spec.containers[].name", path),
+        )
 
 
 def test_a_watch_naming_no_fields_keeps_the_object() -> None:
