@@ -25,8 +25,8 @@ class Validated:
     stale (a refused write and one more pass per node); together, a crash never keeps one
     without the other."""
 
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
