@@ -20,17 +20,9 @@ CONTAINER = "flash"
 FINISHED_TTL_SECONDS = 86400
 """Finished Jobs go after a day; nodes remember what was flashed, so nothing is redone."""
 WORK_DIR = "/work"
-FIELDS = (
-    "metadata.name",
-    "metadata.namespace",
-    "metadata.labels",
-    "metadata.annotations",
-    "metadata.deletionTimestamp",
-    "spec.activeDeadlineSeconds",
-    "status.conditions",
-)
-"""What the hooks read of a flash Job (``job_outcome``, ``failure_text``, its attempt and
-owner): a finished one is kept for a day, on every node flashed."""
+FIELDS = ("metadata", "spec.activeDeadlineSeconds", "status.conditions")
+"""What the hooks read of a flash Job (``job_outcome``, ``failure_text``, its name, attempt,
+owner and deletion): a finished one is kept for a day, on every node flashed."""
 
 
 def job_labels(policy: str, node: str, version: str) -> dict[str, str]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kmodkit.core.runtime.informer_cache import kept_whole
 from kmodkit.sdk import Backend, Obj
 
 
 def as_cached(backend: Backend, watched: Mapping[str, Sequence[Obj]]) -> dict[str, list[Obj]]:
-    """Each object cut to the fields its ``Watch`` names, so that a plan test sees only what
-    the plan sees in the operator (a field the plan reads but its Watch does not name reads
-    as absent here too)."""
+    """Each object cut to the fields its ``Watch`` names and kept as the runtime keeps it, so
+    that a plan test sees only what the plan sees in the operator (a field the plan reads
+    but its Watch does not name reads as absent here too)."""
     watches = {w.name: w for r in backend.resources for w in r.watches}
-    return {name: [watches[name].kept(o) for o in objs] for name, objs in watched.items()}
+    return {
+        name: [kept_whole(watches[name].kept(o)) for o in objs] for name, objs in watched.items()
+    }

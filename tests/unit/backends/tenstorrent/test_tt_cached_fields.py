@@ -23,16 +23,15 @@ from kmodkit.backends.tenstorrent.firmware_job import failure_text, flash_job, j
 from kmodkit.backends.tenstorrent.flash_pods import image_pull_problems
 from kmodkit.backends.tenstorrent.settings import TenstorrentSettings
 from kmodkit.core.contract.backend import ClusterView
-from kmodkit.sdk import Obj, Watch
+from kmodkit.sdk import Obj
+from tests.unit.backends.cached import as_cached
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
-WATCHES = {w.name: w for r in tenstorrent.backend.resources for w in r.watches}
 NS = "ops"
 
 
 def _kept(name: str, obj: Obj) -> Obj:
-    watch: Watch = WATCHES[name]
-    return watch.kept(copy.deepcopy(obj))
+    return as_cached(tenstorrent.backend, {name: [obj]})[name][0]
 
 
 def _builder(node: str, **changes: Any) -> dict[str, Any]:
@@ -183,9 +182,8 @@ def test_a_kept_flash_job_reads_as_the_whole_one() -> None:
     kept = _kept(firmware_plan.FLASH_JOBS, job)
     assert job_outcome(job) == "failed" and "flashTimeoutSeconds" in failure_text(job)
     assert (job_outcome(kept), failure_text(kept)) == (job_outcome(job), failure_text(job))
-    assert kept["metadata"] == {
-        k: v for k, v in job["metadata"].items() if k != "managedFields"
-    }  # the hooks' name, namespace, attempt, owner and deletion
+    meta = {k: v for k, v in job["metadata"].items() if k != "managedFields"}
+    assert kept["metadata"] == meta  # the hooks' name, namespace, attempt, owner and deletion
 
 
 def test_the_hooks_take_the_kept_jobs_of_the_operator_namespace_only() -> None:
