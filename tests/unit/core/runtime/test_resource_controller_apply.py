@@ -8,6 +8,8 @@ cache by handing ``reconcile`` what the informer would hold.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -145,3 +147,44 @@ def test_a_key_the_plan_no_longer_sets_is_applied_away() -> None:
     assert [b["data"] for b in applies.bodies][1:] == [{"version": "2.8.0"}]
     controller.reconcile(dict(BODY), {}, [_as_stored(applies.bodies[1])])
     assert len(applies.bodies) == 2
+
+
+class RebuildingDiscovery:
+    """Stand-in for the dynamic client (``.resources.get``) replaying its discovery's lack
+    of thread safety: the first lookup misses and rebuilds the cache in place for 0.2 s,
+    and a lookup meanwhile raises KeyError 'resources', as the real one does."""
+
+    def __init__(self) -> None:
+        self.resources = self
+        self.cache: dict[str, Any] = {"resources": {}}
+        self.rebuilding = threading.Event()
+
+    def get(self, **_: Any) -> Any:
+        if not self.rebuilding.is_set():
+            self.cache = {}
+            self.rebuilding.set()
+            time.sleep(0.2)
+            self.cache = {"resources": {}}
+        return self.cache["resources"]
+
+
+def test_passes_of_two_objects_look_their_kinds_up_one_at_a_time() -> None:
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+    resource = Resource(crd=crd, model=Empty, plan=lambda _b, _v: Plan())
+    shared = Shared(kube=StatusKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    controller = ResourceController("acme", resource, shared)
+    controller._dynamic = RebuildingDiscovery()
+    failures: list[BaseException] = []
+
+    def look_up() -> None:
+        try:
+            controller._resource_for(CONFIG)
+        except Exception as err:
+            failures.append(err)
+
+    first = threading.Thread(target=look_up)
+    first.start()
+    assert controller._dynamic.rebuilding.wait(5)
+    look_up()  # the other object's pass, while the first one's lookup rebuilds
+    first.join()
+    assert failures == []
