@@ -34,7 +34,7 @@ def _kept(name: str, obj: Obj) -> Obj:
     return as_cached(tenstorrent.backend, {name: [obj]})[name][0]
 
 
-def _builder(node: str, **changes: Any) -> dict[str, Any]:
+def _builder(node: str) -> dict[str, Any]:
     """The pod the DaemonSet controller makes from the driver policy's template, with the
     fields a stored pod has beside them."""
     body = {
@@ -58,7 +58,10 @@ def _builder(node: str, **changes: Any) -> dict[str, Any]:
         "spec": {**template["spec"], "nodeName": node},
         "status": {
             "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}],
+            "conditions": [
+                {"type": t, "status": "True"}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
             "containerStatuses": [
                 {
                     "name": c["name"],
@@ -72,12 +75,11 @@ def _builder(node: str, **changes: Any) -> dict[str, Any]:
             ],
         },
     }
-    for path, value in changes.items():
-        *parents, last = path.split("__")
-        target = pod
-        for p in parents:
-            target = target[p] if not p.isdigit() else target[int(p)]
-        target[last] = value
+    return pod
+
+
+def _deleting(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["deletionTimestamp"] = "2026-11-30T08:00:00Z"
     return pod
 
 
@@ -87,7 +89,8 @@ def _status(pod: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def _not_ready(pod: dict[str, Any]) -> dict[str, Any]:
-    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    (ready,) = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
+    ready["status"] = "False"
     return pod
 
 
@@ -98,7 +101,7 @@ BUILDER_CASES = {
         lambda p: p.ready and p.force_unload and p.namespace == NS and p.template_hash,
     ),
     "being deleted": (
-        _builder("a", metadata__deletionTimestamp="2026-11-30T08:00:00Z"),
+        _deleting(_builder("a")),
         lambda p: p.deleting,
     ),
     "restarted three times": (
