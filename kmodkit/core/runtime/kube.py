@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from kmodkit.core.events import Recorder
@@ -56,6 +57,22 @@ class Kube:
         self.custom: Any = client.CustomObjectsApi(api)
         # Posts Events, deduplicated (see kmodkit.core.events).
         self.events = Recorder(self.core)
+        self._dynamic: Any = None
+        self._discovery = threading.Lock()
+
+    def resource(self, api_version: str, kind: str) -> Any:
+        """The dynamic client's resource for a kind (to apply or delete any object).
+
+        One client, so the API is discovered once for the process. Its lookups are made one
+        at a time: passes run in threads of their own, and the dynamic client's discovery is
+        not thread-safe (a lookup that misses, for a kind served since the last one, rebuilds
+        its cache in place, and a lookup meanwhile fails with KeyError 'resources': seen with
+        two ClusterPolicies created together)."""
+        with self._discovery:
+            if self._dynamic is None:
+                untyped: Any = dynamic  # the dynamic client has no type hints
+                self._dynamic = untyped.DynamicClient(self.api)
+            return self._dynamic.resources.get(api_version=api_version, kind=kind)
 
     def create(self, obj: Mapping[str, Any]) -> None:
         ns = obj["metadata"]["namespace"]

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
-from kubernetes import dynamic
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kmodkit.core import labels
@@ -73,8 +71,6 @@ class ResourceController:
         self.resource = resource
         self.shared = shared
         self.resync_seconds = resync_seconds
-        self._dynamic: Any = None
-        self._discovery = threading.Lock()
         self._watched_objects: dict[str, OwnedIndex[None, Obj]] = {}
         """Per watch of the backend's, what its informer holds."""
         self._owned_objects: list[OwnedIndex[str, Obj]] = []
@@ -334,15 +330,7 @@ class ResourceController:
                 )
 
     def _resource_for(self, obj: Obj) -> Any:
-        # Passes of this resource's objects run in threads of their own, and the dynamic
-        # client's discovery is not thread-safe: a lookup that misses (a kind served since
-        # the last one) rebuilds its cache in place, and a lookup meanwhile fails
-        # (KeyError 'resources', seen with two ClusterPolicies created together).
-        with self._discovery:
-            if self._dynamic is None:
-                untyped: Any = dynamic  # the dynamic client has no type hints
-                self._dynamic = untyped.DynamicClient(self.shared.kube.api)
-            return self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        return self.shared.kube.resource(str(obj["apiVersion"]), str(obj["kind"]))
 
     def _rollout(
         self, body: Obj, plan: Plan, view: ClusterView, status: dict[str, Any]

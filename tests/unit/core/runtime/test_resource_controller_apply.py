@@ -12,13 +12,16 @@ import threading
 import time
 from typing import Any
 
+from kubernetes import client
 from pydantic import BaseModel
 
 from kmodkit.core.applied import holds
 from kmodkit.core.contract.backend import ClusterView, Plan, Resource
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import Shared
+from kmodkit.core.runtime.writes import WriteSettings
 from kmodkit.core.schema.crd import CrdSource
 
 
@@ -169,22 +172,20 @@ class RebuildingDiscovery:
 
 
 def test_passes_of_two_objects_look_their_kinds_up_one_at_a_time() -> None:
-    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
-    resource = Resource(crd=crd, model=Empty, plan=lambda _b, _v: Plan())
-    shared = Shared(kube=StatusKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
-    controller = ResourceController("acme", resource, shared)
-    controller._dynamic = RebuildingDiscovery()
+    api = client.ApiClient(client.Configuration(host="https://stand-in.invalid"))
+    kube = Kube(api, WriteSettings())
+    discovery = kube._dynamic = RebuildingDiscovery()
     failures: list[BaseException] = []
 
     def look_up() -> None:
         try:
-            controller._resource_for(CONFIG)
+            kube.resource(CONFIG["apiVersion"], CONFIG["kind"])
         except Exception as err:
             failures.append(err)
 
     first = threading.Thread(target=look_up)
     first.start()
-    assert controller._dynamic.rebuilding.wait(5)
+    assert discovery.rebuilding.wait(5)
     look_up()  # the other object's pass, while the first one's lookup rebuilds
     first.join()
     assert failures == []
