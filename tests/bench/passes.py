@@ -80,9 +80,9 @@ from kmodkit.core.nodes import slim_node
 from kmodkit.core.rollout.keys import RolloutKeys
 from kmodkit.core.rollout.states import NEEDS_PODS, parse_state
 from kmodkit.core.runtime import metrics
-from kmodkit.core.runtime.informer_cache import Change, kept_whole
+from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
-from kmodkit.core.runtime.resource_controller import ResourceController, _identity
+from kmodkit.core.runtime.resource_controller import ResourceController, _identity, watched_view
 from kmodkit.core.runtime.watch_cache import Shared
 from kmodkit.core.runtime.writes import WriteSettings
 from kmodkit_dev.nodes import INTEL_GPU_LABELS, KERNELS, TENSTORRENT_LABELS, node_manifest
@@ -301,7 +301,7 @@ class Harness:
 
     def cached(self, name: str, objs: Iterable[Json]) -> list[Json]:
         """``objs`` as the runtime's cache for the watch ``name`` keeps them."""
-        return [kept_whole(self.watches[name].kept(o)) for o in objs]
+        return [watched_view(self.watches[name], o) for o in objs]
 
     def run(self, s: Scenario) -> None:
         """One pass, as the kopf daemon's ``one_pass`` calls it."""

@@ -58,6 +58,12 @@ def _identity(obj: Obj) -> tuple[str, str, str, str]:
     )
 
 
+def watched_view(watch: Watch, obj: Obj) -> dict[str, Any]:
+    """What the cache of ``watch`` keeps of ``obj``: the fields it names, less managedFields,
+    strings interned (plan tests and benches read their fixtures through it too)."""
+    return kept_whole(watch.kept(obj))
+
+
 def _policy_name(obj: Obj) -> str:
     meta = obj.get("metadata") or {}
     return "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
@@ -167,7 +173,7 @@ class ResourceController:
             name,
             kind_lister(w.group, w.version, w.plural),
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
-            lambda obj: (None, kept_whole(w.kept(obj))),
+            lambda obj: (None, watched_view(w, obj)),
             index,
             # Narrow enough: watches are label-filtered.
             lambda _: wakeups.wake_all() if w.wakes else None,

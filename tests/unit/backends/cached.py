@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kmodkit.core.runtime.informer_cache import kept_whole
+from kmodkit.core.runtime.resource_controller import watched_view
 from kmodkit.sdk import Backend, Obj
 
 
@@ -13,6 +13,4 @@ def as_cached(backend: Backend, watched: Mapping[str, Sequence[Obj]]) -> dict[st
     that a plan test sees only what the plan sees in the operator (a field the plan reads
     but its Watch does not name reads as absent here too)."""
     watches = {w.name: w for r in backend.resources for w in r.watches}
-    return {
-        name: [kept_whole(watches[name].kept(o)) for o in objs] for name, objs in watched.items()
-    }
+    return {name: [watched_view(watches[name], o) for o in objs] for name, objs in watched.items()}
