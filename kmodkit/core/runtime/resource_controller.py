@@ -94,7 +94,7 @@ class ResourceController:
         # A backend's watches may be fleet-sized (its pods on every node, a claim per
         # workload): informers, with the labels as a server-side selector, not kopf.
         for w in self.resource.watches:
-            self.shared.watch(self._watch_spec(w, f"{self._id}.watch.{w.name}"))
+            self.shared.watch(self._watch_spec(w, f"{self._id}.watch.{w.name}", kind_key))
         # What it owns is few objects, but of kinds every cluster has many of (ConfigMaps,
         # DaemonSets): only those carrying an owner's uid are sent.
         for owned in self.resource.owns:
@@ -165,7 +165,7 @@ class ResourceController:
                         list(self.shared.node_objects.values()),
                     )
 
-    def _watch_spec(self, w: Watch, name: str) -> InformerSpec:
+    def _watch_spec(self, w: Watch, name: str, kind_key: tuple[str, str, str]) -> InformerSpec:
         index: OwnedIndex[None, Obj] = OwnedIndex()
         self._watched_objects[w.name] = index
         wakeups = self.shared.wakeups
@@ -175,8 +175,9 @@ class ResourceController:
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
             lambda obj: (None, watched_view(w, obj)),
             index,
-            # Narrow enough: watches are label-filtered.
-            lambda _: wakeups.wake_all() if w.wakes else None,
+            # Only this resource's plans read its watches: another controller's loops (a
+            # Module's pass over 10,000 nodes) are not woken by its pods.
+            lambda _: wakeups.wake_kind(kind_key) if w.wakes else None,
         )
 
     def _owned_spec(

@@ -66,6 +66,13 @@ class Wakeups:
         if (event := self._events.get(key)) is not None:
             self._set(key, event)
 
+    def wake_kind(self, prefix: tuple[Hashable, ...]) -> None:
+        """Wake every loop whose key begins with ``prefix`` (every object of one resource)."""
+        n = len(prefix)
+        for key, event in self._events.items():
+            if isinstance(key, tuple) and key[:n] == prefix:
+                self._set(key, event)
+
     def wake_all(self) -> None:
         for key, event in self._events.items():
             self._set(key, event)

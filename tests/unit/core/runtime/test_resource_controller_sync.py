@@ -1,5 +1,5 @@
-"""A backend's pass waits for the node cache, as a Module's does; its watches wake it as
-declared, and what it owns wakes its owner alone.
+"""A backend's pass waits for the node cache, as a Module's does; its watches wake its
+resource's objects as declared (no other controller's), and what it owns wakes its owner alone.
 
 The Kube here is a stand-in with no methods: a pass that went on would reach it
 (to apply objects or write status) and fail.
@@ -60,11 +60,16 @@ def test_watches_are_informers_with_server_side_selectors_and_wake_as_declared()
     assert (pods.label_selector, sets.label_selector) == ("app=a,b=c", "")
 
     woken = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-1"))
+    also = shared.wakeups.event(("backend", "acme.example.com", "widgets", "uid-2"))
+    # Other controllers' loops: their plans do not read these pods.
+    other_kind = shared.wakeups.event(("backend", "acme.example.com", "gadgets", "uid-3"))
+    module = shared.wakeups.event(("modules", "ns", "m"))
     raw = {"metadata": {"name": "p", "namespace": "n", "managedFields": [{"manager": "x"}]}}
     sets.subscriber([Change(("n", "ds"), None, sets.view({"metadata": {"name": "ds"}}))])
     assert not woken.is_set()
     pods.subscriber([Change(("n", "p"), None, pods.view(raw))])
-    assert woken.is_set()
+    assert woken.is_set() and also.is_set()
+    assert not other_kind.is_set() and not module.is_set()
     assert controller._watched() == {
         "pods": [{"metadata": {"name": "p", "namespace": "n"}}],
         "sets": [{"metadata": {"name": "ds"}}],
