@@ -1,4 +1,4 @@
-"""One list+watch per kind, on kubernetes_asyncio, into an InformerCache.
+"""One list+watch per kind, over lightkube's HTTP client, into an InformerCache.
 
 The loop: a list becomes the cache; a watch starts at the list's
 resourceVersion with bookmarks on and a server-side timeout, and each event
@@ -44,9 +44,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic
 
+import httpx2 as httpx
 import orjson
-from kubernetes_asyncio import client as aclient
-from kubernetes_asyncio import config as aconfig
+from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+from lightkube.config.kubeconfig import KubeConfig
 
 from kmodkit.core.runtime.informer_cache import (
     BOOKMARK,
@@ -64,9 +65,9 @@ log = logging.getLogger("kmodkit.informer")
 Subscriber = Callable[[Sequence[Change[V]]], None]
 """Called with the views that changed: one change per watch event, and the whole
 difference at once when a relist lands (so a subscriber can swap its own copy whole)."""
-Lister = Callable[..., Awaitable[Any]]
-"""A kubernetes_asyncio list call: ``CoreV1Api.list_node``, a partial of
-``list_namespaced_pod`` with its namespace, ..."""
+Lister = Callable[..., Awaitable[httpx.Response]]
+"""A list (or watch) call of one kind (``kind_lister``): its parameters as keywords
+(``QUERY_NAMES``) and the request's ``timeout``; the answer's body not read yet."""
 
 PAGE = 500
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
@@ -109,32 +110,28 @@ QUERY_NAMES = {
     "send_initial_events": "sendInitialEvents",
     "resource_version_match": "resourceVersionMatch",
 }
-"""The informer's list and watch parameters, as the generated clients name them and as
-the apiserver does."""
+"""The informer's list and watch parameters, as keywords and as the apiserver names them."""
 
 
-def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiClient], Lister]:
+def kind_lister(group: str, version: str, plural: str) -> Callable[[httpx.AsyncClient], Lister]:
     """The list (and watch) call of every object of one kind, in every namespace, for any
-    kind the apiserver may serve (``/api/v1/pods``, ``/apis/apps/v1/daemonsets``, a CRD's):
-    what a backend declares to watch, for which no generated call is named."""
+    kind the apiserver may serve (``/api/v1/nodes``, ``/apis/apps/v1/daemonsets``, a CRD's)."""
     group_version = f"/apis/{group}/{version}" if group else f"/api/{version}"
     path = f"{group_version}/{plural}"
 
-    def lister(api: aclient.ApiClient) -> Lister:
-        async def call(
-            *, _preload_content: bool = False, _request_timeout: Any = None, **params: Any
-        ) -> Any:
-            query = [
-                (QUERY_NAMES[k], str(v).lower() if isinstance(v, bool) else v)
+    def lister(api: httpx.AsyncClient) -> Lister:
+        async def call(*, timeout: httpx.Timeout | float, **params: Any) -> httpx.Response:
+            query = {
+                QUERY_NAMES[k]: str(v).lower() if isinstance(v, bool) else str(v)
                 for k, v in params.items()
                 if v is not None
-            ]
+            }
             starts_a_list = (
                 not params.get("watch") or params.get("send_initial_events")
             ) and not params.get("_continue")
             if starts_a_list and not await _discovered(api, group_version, plural):
                 raise NotServed(f"{path}: not in the apiserver's discovery")
-            return await _get(api, path, query, _request_timeout, _preload_content)
+            return await _get(api, path, query, timeout)
 
         return call
 
@@ -142,50 +139,49 @@ def kind_lister(group: str, version: str, plural: str) -> Callable[[aclient.ApiC
 
 
 async def _get(
-    api: aclient.ApiClient,
-    path: str,
-    query: list[tuple[str, Any]],
-    timeout: Any,
-    preload: bool = False,
-) -> Any:
-    untyped: Any = api  # call_api has no annotations
-    return await untyped.call_api(
-        path,
-        "GET",
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=preload,
-        _request_timeout=timeout,
+    api: httpx.AsyncClient, path: str, query: Mapping[str, str], timeout: httpx.Timeout | float
+) -> httpx.Response:
+    """The answer to a GET, its body still to be read (a watch's never ends by itself)."""
+    request = api.build_request(
+        "GET", path, params=query, headers={"Accept": "application/json"}, timeout=timeout
     )
+    return await api.send(request, stream=True)
 
 
-async def _discovered(api: aclient.ApiClient, group_version: str, plural: str) -> bool:
+async def _discovered(api: httpx.AsyncClient, group_version: str, plural: str) -> bool:
     """Whether the apiserver's discovery names ``plural`` in ``group_version``."""
     try:
-        body = await _json(await _get(api, group_version, [], REQUEST_TIMEOUT_SECONDS))
+        body = await _json(await _get(api, group_version, {}, REQUEST_TIMEOUT_SECONDS))
     except NotServed:
         return False
     return any(r.get("name") == plural for r in body.get("resources") or [])
 
 
-async def api_client() -> aclient.ApiClient:
-    """An async client from the in-cluster service account or the current kubeconfig."""
-    untyped: Any = aconfig  # load_incluster_config has no annotations
-    try:
-        untyped.load_incluster_config()
-    except aconfig.ConfigException:
-        await aconfig.load_kube_config()
-    return aclient.ApiClient()
+async def api_client() -> httpx.AsyncClient:
+    """An HTTP client of the apiserver from the in-cluster service account or the current
+    kubeconfig (``KUBECONFIG``, else ``~/.kube/config``): lightkube reads them, with their
+    CA, client certificates, tokens (re-read from the service account's file when it
+    rotates) and exec plugins. The environment's proxies and CA bundles are not used: the
+    kubeconfig says how to reach the apiserver, as it does for the writes' client."""
+    return client_for(KubeConfig.from_env())
 
 
-async def _json(resp: Any) -> Any:
+def client_for(config: KubeConfig) -> httpx.AsyncClient:
+    single = config.get()
+    if single is None:
+        raise ValueError("the kubeconfig names no current context")
+    return AsyncClient(
+        single, ConnectionParams(timeout=httpx.Timeout(REQUEST_TIMEOUT_SECONDS), trust_env=False)
+    )
+
+
+async def _json(resp: httpx.Response) -> Any:
     try:
-        raw = await resp.read()
+        raw = await resp.aread()
     finally:
-        resp.release()
-    if resp.status != 200:
-        _raise_status(resp.status, raw.decode(errors="replace"))
+        await resp.aclose()
+    if resp.status_code != 200:
+        _raise_status(resp.status_code, raw.decode(errors="replace"))
     return orjson.loads(raw)
 
 
@@ -202,10 +198,10 @@ def _raise_status(status: int, message: str) -> None:
     raise StatusError(status, message)
 
 
-async def _lines(resp: Any) -> AsyncIterator[bytes]:
+async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
     """The response body split at newlines, however long a line (a big object) is."""
     buf = bytearray()
-    async for chunk in resp.content.iter_any():
+    async for chunk in resp.aiter_bytes():
         buf += chunk
         while (end := buf.find(b"\n")) >= 0:
             line = bytes(buf[:end])
@@ -338,8 +334,7 @@ class Informer(Generic[V]):
                 await self._lister(
                     limit=self._page,
                     _continue=token,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    timeout=REQUEST_TIMEOUT_SECONDS,
                     **self._selectors,
                 )
             )
@@ -368,17 +363,16 @@ class Informer(Generic[V]):
             watch=True,
             allow_watch_bookmarks=True,
             timeout_seconds=self._watch_timeout,
-            _preload_content=False,
-            # (connect, read): the server ends the watch after timeout_seconds, so
-            # silence much longer than that is a connection that died without a word.
-            _request_timeout=(10, self._watch_timeout + REQUEST_TIMEOUT_SECONDS),
+            # The server ends the watch after timeout_seconds, so silence much longer
+            # than that is a connection that died without a word.
+            timeout=httpx.Timeout(self._watch_timeout + REQUEST_TIMEOUT_SECONDS, connect=10),
             **since,
             **self._selectors,
         )
         fresh: dict[Key, Entry[V]] | None = {} if initial else None
         try:
-            if resp.status != 200:
-                _raise_status(resp.status, (await resp.read()).decode(errors="replace"))
+            if resp.status_code != 200:
+                _raise_status(resp.status_code, (await resp.aread()).decode(errors="replace"))
             async for line in _lines(resp):
                 event = orjson.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -394,4 +388,4 @@ class Informer(Generic[V]):
                     self._land(fresh, str(meta_of(obj).get("resourceVersion") or ""))
                     fresh = None
         finally:
-            resp.close()  # a watch cut short leaves unread bytes: never back into the pool
+            await resp.aclose()  # a watch cut short leaves unread bytes: never back into the pool

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client as aclient
 from pydantic import ValidationError
 
 from kmodkit.core import labels
@@ -82,6 +81,7 @@ from kmodkit.core.events import ONCE
 from kmodkit.core.nodes import NodeView, relabelled
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.runtime import metrics
+from kmodkit.core.runtime.informer import kind_lister
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
 from kmodkit.core.runtime.unseen_writes import UnseenWrites
@@ -186,20 +186,18 @@ class ModuleController:
                 )
             )
 
-        def pods(api: Any) -> Any:
-            return aclient.CoreV1Api(api).list_pod_for_all_namespaces
-
+        pods = kind_lister("", "v1", "pods")
         index("loader pods", pods, loaders, loader_pod_view, self.loader_pods)
         index(
             "build jobs",
-            lambda api: aclient.BatchV1Api(api).list_job_for_all_namespaces,
+            kind_lister("batch", "v1", "jobs"),
             builds,
             build_job_view,
             self.build_jobs,
         )
         index(
             "device plugins",
-            lambda api: aclient.AppsV1Api(api).list_daemon_set_for_all_namespaces,
+            kind_lister("apps", "v1", "daemonsets"),
             plugins,
             daemon_set_view,
             self.device_plugins,

@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import httpx2 as httpx
 import kopf
 from kubernetes import client
-from kubernetes_asyncio import client as aclient
 
 from kmodkit.core.engine.node_interest import Interest, Moved
 from kmodkit.core.nodes import NodeView, node_view, slim_node
-from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client
+from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
 from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.owned_index import OwnedIndex
@@ -94,7 +94,7 @@ class InformerSpec:
     is one), projection, server-side selector, and who hears of its changes."""
 
     name: str
-    lister: Callable[[aclient.ApiClient], Lister]
+    lister: Callable[[httpx.AsyncClient], Lister]
     view: Callable[[Mapping[str, Any]], Any]
     label_selector: str
     subscriber: Subscriber[Any]
@@ -105,7 +105,7 @@ class InformerSpec:
     def indexed(
         cls,
         name: str,
-        lister: Callable[[aclient.ApiClient], Lister],
+        lister: Callable[[httpx.AsyncClient], Lister],
         label_selector: str,
         view: Callable[[Mapping[str, Any]], tuple[G, Any]],
         index: OwnedIndex[G, Any],
@@ -139,11 +139,11 @@ class Shared:
     """Every informer's cache (the nodes', and those added with ``watch``) holds a full
     listing: only then may a pass run. A pass on a cache still filling would take
     the nodes (or pods) it misses for ones that are gone."""
-    async_api: Callable[[], Awaitable[aclient.ApiClient]] = api_client
+    async_api: Callable[[], Awaitable[httpx.AsyncClient]] = api_client
     """Makes the informers' client (in the operator's event loop)."""
     watches: list[InformerSpec] = field(default_factory=list)
     informers: list[Informer[Any]] = field(default_factory=list)
-    _informer_api: aclient.ApiClient | None = None
+    _informer_api: httpx.AsyncClient | None = None
     _syncing: asyncio.Task[None] | None = None
 
     def forget(self) -> None:
@@ -189,7 +189,7 @@ class Shared:
             return  # kopf restarted in-process: the informers kept their watches
         api = self._informer_api = await self.async_api()
         nodes: Informer[dict[str, Any]] = Informer(
-            "nodes", aclient.CoreV1Api(api).list_node, view=slim_node
+            "nodes", kind_lister("", "v1", "nodes")(api), view=slim_node
         )
         nodes.subscribe(self.nodes_changed)
         self.informers = [nodes]
@@ -225,7 +225,7 @@ class Shared:
         for informer in informers:
             await informer.stop()
         if self._informer_api is not None:
-            await self._informer_api.close()
+            await self._informer_api.aclose()
             self._informer_api = None
         self.nodes, self.node_objects = {}, {}
         for spec in self.watches:

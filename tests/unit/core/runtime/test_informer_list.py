@@ -13,17 +13,17 @@ from kmodkit.core.runtime.informer import Informer
 
 
 class Page:
-    """Stands in for the aiohttp response a list call returns."""
+    """Stands in for the HTTP client's response to a list call."""
 
-    status = 200
+    status_code = 200
 
     def __init__(self, body: dict[str, Any]) -> None:
         self._raw = json.dumps(body).encode()
 
-    async def read(self) -> bytes:
+    async def aread(self) -> bytes:
         return self._raw
 
-    def release(self) -> None:
+    async def aclose(self) -> None:
         pass
 
 

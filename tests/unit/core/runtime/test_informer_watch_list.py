@@ -29,21 +29,20 @@ def _end(rv: str) -> dict[str, Any]:
 
 
 class Stream:
-    """Stands in for the aiohttp response of a watch: ``events``, one a line, split
+    """Stands in for the HTTP client's response to a watch: ``events``, one a line, split
     across chunks, then the end of the body."""
 
-    status = 200
+    status_code = 200
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
         body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
         self._chunks = [body[i : i + 7] for i in range(0, len(body), 7)]
-        self.content = self
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
         for chunk in self._chunks:
             yield chunk
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         pass
 
 
