@@ -10,6 +10,7 @@ from functools import partial
 
 from kmodkit.backends.tenstorrent import (
     builder_pods,
+    driver_owners,
     driver_plan,
     firmware_deletion,
     firmware_job,
@@ -69,6 +70,7 @@ backend = Backend(
                 ),
             ),
             hooks=driver_plan.hooks,
+            node_labels=driver_owners.node_labels,
             rollout_status=driver_plan.rollout_status,
             validate=partial(problems_of, TenstorrentDriverPolicy),
             controls=RolloutControls(
@@ -106,6 +108,7 @@ backend = Backend(
                 ),
             ),
             hooks=firmware_plan.hooks,
+            node_labels=firmware_plan.node_labels,
             rollout_status=firmware_plan.rollout_status,
             validate=partial(problems_of, TenstorrentFirmwarePolicy),
             hold_deletion=firmware_deletion.hold_deletion,

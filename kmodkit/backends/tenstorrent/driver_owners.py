@@ -17,14 +17,14 @@ its DaemonSet without waiting for anything, so the two never wait on each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from kmodkit.backends.tenstorrent import keys, names
 from kmodkit.backends.tenstorrent.driver_api import TenstorrentDriverPolicySpec
-from kmodkit.backends.tenstorrent.node_owners import Claim, claims, owners
+from kmodkit.backends.tenstorrent.node_owners import Claim, claims, labels_read, owners
 from kmodkit.backends.tenstorrent.owned_affinity import (
     MAX_TERMS,
     Term,
@@ -74,6 +74,18 @@ def _policy_label(obj: Obj) -> str:
 def _template_terms(ds: Obj) -> list[Term] | None:
     spec = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
     return affinity_terms(spec)
+
+
+def node_labels(body: Obj, watched: Mapping[str, Sequence[Obj]]) -> Callable[[str], bool]:
+    """The node labels a driver policy's passes read: those of ``labels_read`` and every key
+    a builder DaemonSet's node affinity names (whose nodes it places, and holds)."""
+    placing = {
+        expression.get("key", "")
+        for ds in watched.get(BUILDER_SETS, ())
+        for term in _template_terms(ds) or []
+        for expression in term.get("matchExpressions") or []
+    }
+    return labels_read([body, *watched.get(POLICIES, ())], _selector_of, placing)
 
 
 def ordered_claims(body: Obj, view: ClusterView) -> list[Claim]:

@@ -8,7 +8,7 @@ carries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from kmodkit.backends.tenstorrent.node_owners import (
     FIRST_SIGHT_REASONS,
     claims,
     conflict_message,
+    labels_read,
     owners,
 )
 from kmodkit.backends.tenstorrent.selection import NodeLabelSelector, covers
@@ -206,6 +207,11 @@ def _selector_of(body: Obj) -> NodeLabelSelector | None:
     except ValidationError:
         return None  # an invalid policy is refused and claims no node
     return spec.selector()
+
+
+def node_labels(body: Obj, watched: Mapping[str, Sequence[Obj]]) -> Callable[[str], bool]:
+    """The node labels a firmware policy's passes read (``labels_read``)."""
+    return labels_read([body, *watched.get(POLICIES, ())], _selector_of)
 
 
 def node_owners(body: Obj, view: ClusterView, require_pci: bool) -> Mapping[str, str]:

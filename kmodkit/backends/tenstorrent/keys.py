@@ -48,3 +48,14 @@ TT_FW_LAST_JOB_ANNOTATION = f"{TT_FIRMWARE_PREFIX}/last-flash-job"
 """Node annotation: the flash Job that wrote ``current-version``."""
 TT_FW_FORCED_ANNOTATION = f"{TT_FIRMWARE_PREFIX}/force-written"
 """Node annotation ``<policy>/<request>``: the forceWrite request already carried out here."""
+
+
+def tenstorrent_label(key: str) -> bool:
+    """Whether a node label is the backend's own (any of Tenstorrent's domains) or the PCI
+    label it selects by."""
+    domain = key.partition("/")[0] if "/" in key else ""
+    return (
+        key == TT_PCI_PRESENT_LABEL
+        or domain == "tenstorrent.com"
+        or domain.endswith(".tenstorrent.com")
+    )

@@ -10,9 +10,10 @@ covering the node the next oldest takes it on its next pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kmodkit.backends.tenstorrent.keys import tenstorrent_label
 from kmodkit.backends.tenstorrent.selection import NodeLabelSelector, covers
 from kmodkit.sdk import NodeView, Obj
 
@@ -67,3 +68,17 @@ def conflict_message(winner: str, kind: str) -> str:
         f"the node is also covered by the older {kind} {winner}, which owns it; narrow one "
         f"policy's node selector, or delete {winner} to hand the node to this policy"
     )
+
+
+def labels_read(
+    policies: Iterable[Obj],
+    selector_of: Callable[[Obj], NodeLabelSelector | None],
+    more: Iterable[str] = (),
+) -> Callable[[str], bool]:
+    """The node labels a policy's passes read: Tenstorrent's own, every key a policy of its
+    kind selects by (who owns a node turns on all of them), and ``more``."""
+    named = set(more)
+    for body in policies:
+        if (selector := selector_of(body)) is not None:
+            named |= selector.keys()
+    return lambda key: key in named or tenstorrent_label(key)

@@ -52,6 +52,10 @@ class NodeLabelSelector(KubeModel):
                 return False
         return all(_satisfied(r, node_labels) for r in self.match_expressions or [])
 
+    def keys(self) -> set[str]:
+        """The label keys it reads."""
+        return set(self.match_labels or {}) | {r.key for r in self.match_expressions or []}
+
 
 def _satisfied(req: SelectorRequirement, node_labels: Mapping[str, str]) -> bool:
     present = req.key in node_labels

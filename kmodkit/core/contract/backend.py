@@ -172,6 +172,9 @@ HooksFn = Callable[[Obj, ClusterView, Any], RolloutHooks]
 """Build the rollout hooks for an object; the third argument is a kubernetes ApiClient."""
 RolloutStatusFn = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
 """Merge a ``kmodkit.sdk.RolloutStatus`` into the plan's status."""
+NodeLabelsFn = Callable[[Obj, Mapping[str, Sequence[Obj]]], Callable[[str], bool]]
+"""Which node label keys an object's plan and hooks read, given the object and what the
+resource's watches hold (as ``ClusterView.watched``): a predicate on the key."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,12 @@ class Resource:
     """Keeps a finalizer on every object while it says the deletion must wait."""
     controls: RolloutControls | None = None
     """Declared when ``plan`` may return a RolloutRequest, for ``kubectl kmodkit``'s verbs."""
+    node_labels: NodeLabelsFn | None = None
+    """Which node labels the plan and hooks read (every selector's keys, the backend's own
+    labels): a node change that moves only other labels (another controller's) wakes none of
+    this resource's passes. Any other change of a node (added, removed, its kernel, readiness,
+    taints, schedulability) wakes them, and so do the rollout's own labels. None: every node
+    change wakes them. A key read but not named leaves a node waiting for the resync."""
 
     @property
     def api_version(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -28,9 +28,11 @@ from kmodkit.core.contract.backend import (
     Watch,
 )
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.engine.node_interest import label_interest
 from kmodkit.core.events import CONDITION_REPEAT_SECONDS, node_reference
 from kmodkit.core.owners import controller_reference
 from kmodkit.core.rollout.abandon import abandon
+from kmodkit.core.rollout.keys import ROLLOUT_PREFIX
 from kmodkit.core.rollout.reconcile import reconcile as rollout_pass
 from kmodkit.core.runtime import metrics
 from kmodkit.core.runtime.informer import kind_lister
@@ -43,6 +45,7 @@ from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, S
 log = logging.getLogger("kmodkit.controller")
 
 OWNER_UID_LABEL = f"{labels.KMODKIT_PREFIX}/owner-uid"
+ROLLOUT_LABELS = f"{ROLLOUT_PREFIX}/"
 RETRY_FAILED_APPLY = 30.0
 DELETION_RECHECK_SECONDS = 10.0
 """On every object a backend plan produced: the uid of the object that owns it."""
@@ -120,6 +123,8 @@ class ResourceController:
             def one_pass() -> float | None:
                 return self.reconcile(dict(body), self._watched(), self._owned(uid))
 
+            if (reads := self._node_labels(body)) is not None:
+                wakeups.interest((*kind_key, uid), label_interest(reads))
             try:
                 await reconcile_loop(
                     (*kind_key, uid),
@@ -198,6 +203,22 @@ class ResourceController:
             index,
             lambda uid: wakeups.wake((*kind_key, uid)),
         )
+
+    def _node_labels(self, body: kopf.Body) -> Callable[[], Callable[[str], bool]] | None:
+        """The node labels the object's passes read, as it is now (None: every change)."""
+        declared = self.resource.node_labels
+        if declared is None:
+            return None
+        # The rollout reads and writes its own labels on the nodes of every backend.
+        rollout = self.resource.hooks is not None
+
+        def reads() -> Callable[[str], bool]:
+            named = declared(dict(body), self._watched())
+            if not rollout:
+                return named
+            return lambda key: key.startswith(ROLLOUT_LABELS) or named(key)
+
+        return reads
 
     def _owned(self, uid: str) -> list[Obj]:
         return [o for index in self._owned_objects for o in index.get(uid)]

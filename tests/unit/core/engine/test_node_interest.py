@@ -1,10 +1,14 @@
 """Which node changes wake a pass over a Module: those of the nodes it selects (before or
-after), labels, or has pods on; no other node's."""
+after), labels, or has pods on; no other node's. And over a backend resource's object: any
+change but of labels it does not read."""
 
 from __future__ import annotations
 
-from kmodkit.core.engine.node_interest import module_interest
-from kmodkit.core.nodes import NodeView
+from collections.abc import Callable
+from dataclasses import replace
+
+from kmodkit.core.engine.node_interest import label_interest, module_interest, moved_labels
+from kmodkit.core.nodes import NodeView, Taint
 
 SELECTOR = {"accel": "xe"}
 READY = "kmm.node.kubernetes.io/ns.xe.ready"
@@ -62,3 +66,35 @@ def test_the_pods_nodes_are_read_once_a_batch() -> None:
     concerns = module_interest("ns", "xe", lambda: SELECTOR, hosts)
     assert not concerns([(_node(f"n{i}"), _node(f"n{i}", zone="b")) for i in range(100)])
     assert len(reads) == 1
+
+
+def test_a_backend_resource_is_woken_by_the_labels_it_reads_and_by_more_than_labels() -> None:
+    asked: list[int] = []
+
+    def reads() -> Callable[[str], bool]:
+        asked.append(1)
+        return lambda key: key.startswith("acme.example.com/")
+
+    concerns = label_interest(reads)
+    plain = _node(zone="a")
+    # Another controller's labels, added, changed or removed: nothing it reads.
+    assert not concerns(
+        [(plain, _node(zone="b", **{READY: "true"})), (_node(**{READY: ""}), plain)]
+    )
+    assert len(asked) == 1  # once a batch
+    assert concerns([(plain, _node(zone="a", **{"acme.example.com/version": "2"}))])
+    assert concerns([(_node(**{"acme.example.com/version": "1"}), _node())])
+    # Anything else of a node moved: every pass may read it.
+    for moved in (
+        replace(plain, kernel="6.1"),
+        replace(plain, ready=True),
+        replace(plain, unschedulable=True),
+        replace(plain, taints=(Taint("k", "v", "NoSchedule"),)),
+        replace(plain, boot_id="b2"),
+    ):
+        assert concerns([(plain, moved)]), moved
+    assert concerns([(None, plain)]) and concerns([(plain, None)])
+    asked.clear()
+    label_interest(reads)([(None, plain)])
+    assert not asked  # not needed, not asked
+    assert moved_labels(plain, _node(zone="b", x="1")) == {"zone", "x"}

@@ -7,11 +7,17 @@ The Kube here is a stand-in with no methods: a pass that went on would reach it
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
 import kopf
 from pydantic import BaseModel
 
 from kmodkit.core.contract.backend import ClusterView, OwnedKind, Plan, Resource, Watch
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.nodes import NodeView
 from kmodkit.core.runtime.informer_cache import Change, InformerCache
 from kmodkit.core.runtime.resource_controller import OWNER_UID_LABEL, ResourceController
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
@@ -151,3 +157,68 @@ def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_o
     assert theirs.is_set() and controller._owned("uid-2") == []
     maps.forget()
     assert [o["metadata"]["name"] for o in controller._owned("uid-1")] == ["r1"]
+
+
+class Stopped:
+    """Stands in for kopf.DaemonStopped: falsy until set."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+def test_a_resource_naming_the_node_labels_it_reads_is_woken_by_no_other_label() -> None:
+    """The object's daemon runs (its pass plans nothing: the node cache is not synced) and
+    nodes move under it."""
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+    shared = Shared(kube=NoKube(), operator_namespace="kmodkit-system")  # type: ignore[arg-type]
+    given: list[dict[str, Any]] = []
+
+    def node_labels(body: Obj, watched: Mapping[str, Sequence[Obj]]) -> Callable[[str], bool]:
+        given.append(dict(watched))
+        return lambda key: key == body["spec"]["reads"]
+
+    resource = Resource(
+        crd=crd,
+        model=Empty,
+        plan=lambda _b, _v: Plan(),
+        watches=(Watch(name="pods", group="", version="v1", plural="pods"),),
+        hooks=lambda *_: None,  # type: ignore[arg-type,return-value]
+        node_labels=node_labels,
+    )
+    registry = kopf.OperatorRegistry()
+    ResourceController("acme", resource, shared).register(registry)
+    (daemon,) = registry._spawning.get_all_handlers()
+    body = {"metadata": {"name": "w", "uid": "u1"}, "spec": {"reads": "acme.example.com/v"}}
+    plain = NodeView("n1", labels={"zone": "a"})
+
+    def wakes(**labels: str) -> bool:
+        event = shared.wakeups.event(("backend", "acme.example.com", "widgets", "u1"))
+        event.clear()
+        shared.wakeups.wake_for_nodes([(plain, replace(plain, labels=labels))])
+        return event.is_set()
+
+    async def run() -> None:
+        stopped = Stopped()
+        task = asyncio.create_task(daemon.fn(uid="u1", body=body, stopped=stopped))
+        await asyncio.sleep(0.1)
+        assert not wakes(zone="b", **{"kmm.node.kubernetes.io/ns.m.ready": ""})
+        assert wakes(zone="a", **{"acme.example.com/v": "2"})
+        # The rollout's own labels, on the nodes of any resource with hooks.
+        assert wakes(zone="a", **{"rollout.kmodkit.io/acme-w": "draining"})
+        body["spec"]["reads"] = "acme.example.com/w"  # read as the object is now
+        assert not wakes(zone="a", **{"acme.example.com/v": "2"})
+        assert wakes(zone="a", **{"acme.example.com/w": "2"})
+        assert given[0] == {"pods": []}  # with what its watches hold
+        stopped.set()
+        await task
+
+    asyncio.run(run())
