@@ -8,7 +8,6 @@ nodes another controller keeps relabelling, a Module pays for its own nodes only
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,10 +19,11 @@ from kubernetes import client
 
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.nodes import node_manifest
-from kmodkit_dev.operator import Operator, launch_with_metrics
+from kmodkit_dev.operator import launch_with_metrics
 from kmodkit_dev.registry import Registry
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
+from tests.integration.passes import last_pass, settled
 
 GROUP, VERSION, PLURAL = "kmodkit.io", "v1alpha1", "modules"
 KERNEL = "6.8.0-45-generic"
@@ -66,28 +66,6 @@ def _module(name: str, selector: str, image: str) -> dict[str, Any]:
     }
 
 
-def _last_pass(op: Operator, policy: str) -> float:
-    """When the operator's last pass over ``policy`` ended well (its metric)."""
-    text = op.metrics()
-    series = (
-        r'^kmodkit_reconcile_last_success_timestamp_seconds\{controller="modules",'
-        rf'policy="{re.escape(policy)}"\}} (\S+)$'
-    )
-    found = re.search(series, text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def _settled(op: Operator, policy: str, quiet: float = 3.0) -> float:
-    """The last pass over ``policy`` once none came for ``quiet`` seconds."""
-    last = _last_pass(op, policy)
-    while True:
-        time.sleep(quiet)
-        now = _last_pass(op, policy)
-        if now == last:
-            return now
-        last = now
-
-
 def test_relabelling_one_modules_nodes_runs_no_pass_over_another(
     kube_api: Any,
     kubeconfig: str,
@@ -124,15 +102,15 @@ def test_relabelling_one_modules_nodes_runs_no_pass_over_another(
                 timeout=120,
             )
         a, b = f"{namespace}/a", f"{namespace}/b"
-        a_before, b_before = _settled(op, a), _settled(op, b)
+        a_before, b_before = settled(op, PLURAL, a), settled(op, PLURAL, b)
         assert a_before and b_before, "no pass over a Module was timed"
 
         for i in range(5):
             for node in halves["b"][1]:
                 core.patch_node(node, {"metadata": {"labels": {"wake-test-churn": str(i)}}})
             time.sleep(0.5)
-        wait_until(lambda: _last_pass(op, b) > b_before, "a pass over b", timeout=30)
+        wait_until(lambda: last_pass(op, PLURAL, b) > b_before, "a pass over b", timeout=30)
         time.sleep(2)  # time for a stray pass over a to show
-        assert _last_pass(op, a) == a_before, "b's nodes woke a pass over a"
+        assert last_pass(op, PLURAL, a) == a_before, "b's nodes woke a pass over a"
     finally:
         op.stop()

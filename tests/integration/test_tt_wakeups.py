@@ -9,7 +9,6 @@ its selector does."""
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from pathlib import Path
@@ -21,9 +20,10 @@ from kubernetes import client
 from kmodkit.backends.tenstorrent.keys import TT_INSTALL_MODE_LABEL
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev import tenstorrent_demo as demo_objects
-from kmodkit_dev.operator import Operator, launch_with_metrics
+from kmodkit_dev.operator import launch_with_metrics
 from kmodkit_dev.waiting import wait_until
 from tests.integration.crds_util import install
+from tests.integration.passes import last_pass, settled
 from tests.integration.test_tt_support import (
     DRIVER,
     add_fleet,
@@ -37,27 +37,6 @@ from tests.integration.test_tt_support import (
 
 pytestmark = pytest.mark.cluster
 CONTROLLER = "tenstorrent.tenstorrentdriverpolicies"
-
-
-def _last_pass(op: Operator, policy: str) -> float:
-    """When the operator's last pass over ``policy`` ended well (its metric)."""
-    series = (
-        rf'^kmodkit_reconcile_last_success_timestamp_seconds\{{controller="{CONTROLLER}",'
-        rf'policy="{re.escape(policy)}"\}} (\S+)$'
-    )
-    found = re.search(series, op.metrics(), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def _settled(op: Operator, policy: str, quiet: float = 3.0) -> float:
-    """The last pass over ``policy`` once none came for ``quiet`` seconds."""
-    last = _last_pass(op, policy)
-    while True:
-        time.sleep(quiet)
-        now = _last_pass(op, policy)
-        if now == last:
-            return now
-        last = now
 
 
 def test_labels_a_driver_policy_does_not_read_run_no_pass_over_it(
@@ -95,7 +74,7 @@ def test_labels_a_driver_policy_does_not_read_run_no_pass_over_it(
             "the policy to see its nodes",
             timeout=60,
         )
-        before = _settled(op, policy)
+        before = settled(op, CONTROLLER, policy)
         assert before, "no pass over the policy was timed"
 
         for i in range(5):
@@ -107,10 +86,12 @@ def test_labels_a_driver_policy_does_not_read_run_no_pass_over_it(
                 )
             time.sleep(0.5)
         time.sleep(2)  # time for a stray pass to show
-        assert _last_pass(op, policy) == before, "labels it does not read woke a pass"
+        assert last_pass(op, CONTROLLER, policy) == before, "labels it does not read woke a pass"
 
         label_node(kube_api, nodes[0], {"ttw-pool": None})
-        wait_until(lambda: _last_pass(op, policy) > before, "a pass for its selector's label")
+        wait_until(
+            lambda: last_pass(op, CONTROLLER, policy) > before, "a pass for its selector's label"
+        )
         wait_until(
             lambda: status(kube_api, DRIVER, policy).get("summary", {}).get("matched") == 1,
             "the node relabelled out of the selector to leave the status",

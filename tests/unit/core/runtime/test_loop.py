@@ -14,25 +14,10 @@ import pytest
 
 from kmodkit.core.runtime import loop
 from kmodkit.core.runtime.watch_cache import Wakeups
+from tests.unit.core.runtime.daemon_stopped import Stopped
 
 KEY = ("modules", "ns", "m")
 DEBOUNCE = 0.5
-
-
-class Stopped:
-    """Stands in for kopf.DaemonStopped: falsy until set."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
-
-    def set(self) -> None:
-        self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
 
 
 async def _two_passes(wake_during_first_pass: bool) -> float:

@@ -22,6 +22,7 @@ from kmodkit.core.runtime.informer_cache import Change, InformerCache
 from kmodkit.core.runtime.resource_controller import OWNER_UID_LABEL, ResourceController
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, Shared
 from kmodkit.core.schema.crd import CrdSource
+from tests.unit.core.runtime.daemon_stopped import Stopped
 
 
 class Empty(BaseModel):
@@ -157,22 +158,6 @@ def test_owned_kinds_are_informers_selecting_the_owner_uid_and_wake_only_their_o
     assert theirs.is_set() and controller._owned("uid-2") == []
     maps.forget()
     assert [o["metadata"]["name"] for o in controller._owned("uid-1")] == ["r1"]
-
-
-class Stopped:
-    """Stands in for kopf.DaemonStopped: falsy until set."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
-
-    def set(self) -> None:
-        self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
 
 
 def test_a_resource_naming_the_node_labels_it_reads_is_woken_by_no_other_label() -> None:
