@@ -167,9 +167,12 @@ async def api_client() -> httpx.AsyncClient:
 
 
 def client_for(config: KubeConfig) -> httpx.AsyncClient:
+    """An HTTP client of the apiserver of ``config``'s current context."""
     single = config.get()
     if single is None:
-        raise ValueError("the kubeconfig names no current context")
+        raise ValueError(
+            "the kubeconfig names no current context: set one (kubectl config use-context)"
+        )
     return AsyncClient(
         single, ConnectionParams(timeout=httpx.Timeout(REQUEST_TIMEOUT_SECONDS), trust_env=False)
     )
