@@ -3,9 +3,9 @@ the real operator.
 
 A paused driver policy (it starts no builder) over two host-managed kwok nodes (nothing to
 roll, so no timed retry): only node changes and its own events wake it. Another controller's
-labels (the Module engine's ready label, any other) changing on its nodes again and again run
-no pass over it: its last pass, as the operator's metrics time it, does not move. A label of
-its selector does."""
+labels (the Module engine's ready label, any other) changing on its nodes in ten rounds run no
+pass over it, or as few as the shared cluster's other objects may (its last pass, as the
+operator's metrics time it, sampled through the rounds). A label of its selector does."""
 
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ from tests.integration.test_tt_support import (
 
 pytestmark = pytest.mark.cluster
 CONTROLLER = "tenstorrent.tenstorrentdriverpolicies"
+ROUNDS = 10
+BACKGROUND = 2
+"""Passes other tests' objects may wake meanwhile (the cluster is shared: their nodes and
+builder pods come and go, and any node added or removed wakes the policy); without the
+policy's declaration the rounds woke one pass each, seen."""
 
 
 def test_labels_a_driver_policy_does_not_read_run_no_pass_over_it(
@@ -77,16 +82,20 @@ def test_labels_a_driver_policy_does_not_read_run_no_pass_over_it(
         before = settled(op, CONTROLLER, policy)
         assert before, "no pass over the policy was timed"
 
-        for i in range(5):
+        passes = {before}
+        for i in range(ROUNDS):
             for node in nodes:
                 label_node(
                     kube_api,
                     node,
                     {f"kmm.node.kubernetes.io/{namespace}.m.ready": "", "ttw-churn": str(i)},
                 )
-            time.sleep(0.5)
+            for _ in range(5):  # 0.5 s a round: each pass it wakes ends within it
+                time.sleep(0.1)
+                passes.add(last_pass(op, CONTROLLER, policy))
         time.sleep(2)  # time for a stray pass to show
-        assert last_pass(op, CONTROLLER, policy) == before, "labels it does not read woke a pass"
+        passes.add(last_pass(op, CONTROLLER, policy))
+        assert len(passes) - 1 <= BACKGROUND, f"labels it does not read woke {len(passes) - 1}"
 
         label_node(kube_api, nodes[0], {"ttw-pool": None})
         wait_until(
