@@ -124,8 +124,11 @@ def test_a_cluster_policy_loads_its_driver_before_the_plugin_starts(
 
     # 1. Load and label; until the label is there no plugin pod is on the node.
     def labelled() -> bool:
-        has_label = ready in node_labels(kube_api, real_node.name)
+        # The pods first: a pod seen before the label was read, with no label then, came
+        # before it; read the other way round, a label and pod that both came in between the
+        # two reads looked like a pod without its label.
         early = [p.metadata.name for p in plugin_pods(kube_api, ns) if p.spec.node_name]
+        has_label = ready in node_labels(kube_api, real_node.name)
         assert has_label or not early, f"device plugin pods before the driver was ready: {early}"
         return has_label
 
