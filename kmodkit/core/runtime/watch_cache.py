@@ -241,9 +241,14 @@ class Shared:
             apis: Any = client.ApisApi(self.kube.api)
             ext: Any = client.ApiextensionsV1Api(self.kube.api)
             served = {g.name for g in apis.get_api_versions().groups}
-            # CRD groups come and go with their CRDs; they are tracked by the watch below.
-            from_crds = {crd.spec.group for crd in ext.list_custom_resource_definition().items}
-            self.builtin_groups = frozenset(served - from_crds)
+            crds = {
+                c.metadata.name: c.spec.group for c in ext.list_custom_resource_definition().items
+            }
+            self.builtin_groups = frozenset(served - set(crds.values()))
+            # CRD groups come and go with their CRDs; the watch below tracks them. Known from
+            # the start too: a first pass that ran before the watch's first events would take
+            # a served group (upstream KMM's, say) for one not served.
+            self.crd_groups.update(crds)
 
         @kopf.on.cleanup(registry=registry)
         async def stop_nodes(**_: Any) -> None:

@@ -8,8 +8,13 @@ The Kube and the informers here are stand-ins: ``NoKube`` that nothing may call,
 
 from __future__ import annotations
 
+from types import SimpleNamespace as O
 from typing import Any
 
+import kopf
+import pytest
+
+from kmodkit.core.runtime import watch_cache
 from kmodkit.core.runtime.watch_cache import Shared
 
 
@@ -61,3 +66,23 @@ def test_a_deleted_crd_takes_its_group_away_and_wakes_the_loops() -> None:
     shared.crd_changed("modules.kmm.sigs.x-k8s.io", None)
     assert "kmm.sigs.x-k8s.io" not in shared.api_groups
     assert woken.is_set()
+
+
+def test_the_crd_groups_are_known_when_the_start_up_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the CRD watch's first events: a first pass must not take a group a CRD serves
+    (upstream KMM's, say) for one not served. The API is a stand-in answering two lists."""
+    groups = O(groups=[O(name="apps"), O(name="kmodkit.io")])
+    crds = O(items=[O(metadata=O(name="modules.kmodkit.io"), spec=O(group="kmodkit.io"))])
+    monkeypatch.setattr(watch_cache.client, "ApisApi", lambda _: O(get_api_versions=lambda: groups))
+    monkeypatch.setattr(
+        watch_cache.client,
+        "ApiextensionsV1Api",
+        lambda _: O(list_custom_resource_definition=lambda: crds),
+    )
+    shared = Shared(kube=O(api=None), operator_namespace="ns")  # type: ignore[arg-type]
+    registry = kopf.OperatorRegistry()
+    shared.register(registry)
+    (startup,) = [h for h in registry._activities.get_all_handlers() if "discover" in h.id]
+    startup.fn()
+    assert shared.api_groups == {"apps", "kmodkit.io"}
+    assert shared.builtin_groups == {"apps"}
