@@ -83,6 +83,8 @@ class ResourceController:
         self._watched_objects: dict[str, OwnedIndex[None, Obj]] = {}
         """Per watch of the backend's, what its informer holds."""
         self._owned_objects: list[OwnedIndex[str, Obj]] = []
+        self._watched_changes = 0
+        """Changes the watches delivered so far: what a node-label predicate was made from."""
         """Per kind the backend owns, what its informer holds, by owner uid."""
 
     @property
@@ -173,17 +175,21 @@ class ResourceController:
     def _watch_spec(self, w: Watch, name: str, kind_key: tuple[str, str, str]) -> InformerSpec:
         index: OwnedIndex[None, Obj] = OwnedIndex()
         self._watched_objects[w.name] = index
-        wakeups = self.shared.wakeups
         return InformerSpec.indexed(
             name,
             kind_lister(w.group, w.version, w.plural),
             ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
             lambda obj: (None, watched_view(w, obj)),
             index,
+            lambda _: self._watch_changed(w, kind_key),
+        )
+
+    def _watch_changed(self, w: Watch, kind_key: tuple[str, str, str]) -> None:
+        self._watched_changes += 1
+        if w.wakes:
             # Only this resource's plans read its watches: another controller's loops (a
             # Module's pass over 10,000 nodes) are not woken by its pods.
-            lambda _: wakeups.wake_kind(kind_key) if w.wakes else None,
-        )
+            self.shared.wakeups.wake_kind(kind_key)
 
     def _owned_spec(
         self, owned: OwnedKind, name: str, kind_key: tuple[str, str, str]
@@ -211,12 +217,19 @@ class ResourceController:
             return None
         # The rollout reads and writes its own labels on the nodes of every backend.
         rollout = self.resource.hooks is not None
+        made: dict[tuple[Any, int], Callable[[str], bool]] = {}
 
         def reads() -> Callable[[str], bool]:
-            named = declared(dict(body), self._watched())
-            if not rollout:
-                return named
-            return lambda key: key.startswith(ROLLOUT_LABELS) or named(key)
+            # Asked at each batch of node changes (one a node event): made again only once
+            # the object or what its watches hold moved, not from 10,000 pods each time.
+            stamp = ((body.get("metadata") or {}).get("resourceVersion"), self._watched_changes)
+            if stamp not in made:
+                named = declared(dict(body), self._watched())
+                made.clear()
+                made[stamp] = (
+                    (lambda key: key.startswith(ROLLOUT_LABELS) or named(key)) if rollout else named
+                )
+            return made[stamp]
 
         return reads
 

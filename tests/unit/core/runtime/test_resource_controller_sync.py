@@ -182,7 +182,9 @@ def test_a_resource_naming_the_node_labels_it_reads_is_woken_by_no_other_label()
     registry = kopf.OperatorRegistry()
     ResourceController("acme", resource, shared).register(registry)
     (daemon,) = registry._spawning.get_all_handlers()
-    body = {"metadata": {"name": "w", "uid": "u1"}, "spec": {"reads": "acme.example.com/v"}}
+    (pods,) = shared.watches
+    meta = {"name": "w", "uid": "u1", "resourceVersion": "1"}
+    body = {"metadata": meta, "spec": {"reads": "acme.example.com/v"}}
     plain = NodeView("n1", labels={"zone": "a"})
 
     def wakes(**labels: str) -> bool:
@@ -199,10 +201,17 @@ def test_a_resource_naming_the_node_labels_it_reads_is_woken_by_no_other_label()
         assert wakes(zone="a", **{"acme.example.com/v": "2"})
         # The rollout's own labels, on the nodes of any resource with hooks.
         assert wakes(zone="a", **{"rollout.kmodkit.io/acme-w": "draining"})
-        body["spec"]["reads"] = "acme.example.com/w"  # read as the object is now
+        # Read as the object is now (a change comes with a new resourceVersion).
+        body["spec"]["reads"] = "acme.example.com/w"
+        body["metadata"]["resourceVersion"] = "2"
         assert not wakes(zone="a", **{"acme.example.com/v": "2"})
         assert wakes(zone="a", **{"acme.example.com/w": "2"})
         assert given[0] == {"pods": []}  # with what its watches hold
+        # Made once per object and watch contents, not at every batch of node changes.
+        assert len(given) == 2
+        pods.subscriber([Change(("n", "p"), None, pods.view({"metadata": {"name": "p"}}))])
+        wakes(zone="a", **{"acme.example.com/w": "3"})
+        assert len(given) == 3 and given[2] == {"pods": [{"metadata": {"name": "p"}}]}
         stopped.set()
         await task
 
