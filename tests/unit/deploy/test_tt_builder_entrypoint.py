@@ -88,7 +88,8 @@ def _wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 @pytest.fixture
-def builder(tmp_path: Path) -> Iterator[Builder]:
+def builder(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Builder]:
+    script = getattr(request, "param", SCRIPT)
     root = tmp_path / "root"
     (root / "bin").mkdir(parents=True)
     busybox = shutil.which("busybox")
@@ -104,7 +105,7 @@ def builder(tmp_path: Path) -> Iterator[Builder]:
     (root / "host/sys/module/tenstorrent/version").write_text("2.9.0\n")
     (root / "state" / "mode").write_text("host")
     process = subprocess.Popen(
-        [shutil.which("chroot") or "chroot", str(root), "/bin/sh", "-c", SCRIPT],
+        [shutil.which("chroot") or "chroot", str(root), "/bin/sh", "-c", script],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -171,6 +172,23 @@ def test_sigterm_reaches_the_serving_agent(builder: Builder) -> None:
     builder.set("mode", "container")
     builder.set("go")
     builder.read_until('"serving"')
+    builder.process.send_signal(signal.SIGTERM)
+    builder.read_until("terminating")
+    assert builder.process.wait(timeout=10) == 0
+
+
+# The builder's script with a second between starting the agent and knowing its pid: the
+# window a SIGTERM can fall into, made wide enough to hit every time.
+_START = "run &\n  agent_pid=$!"
+assert _START in SCRIPT
+SLOW_START = SCRIPT.replace(_START, "run &\n  sleep 1\n  agent_pid=$!")
+
+
+@pytest.mark.parametrize("builder", [SLOW_START], indirect=True)
+def test_a_sigterm_as_the_agent_starts_reaches_it_too(builder: Builder) -> None:
+    builder.set("mode", "container")
+    builder.set("go")
+    builder.read_until('"serving"')  # printed while the builder sleeps, before the pid is known
     builder.process.send_signal(signal.SIGTERM)
     builder.read_until("terminating")
     assert builder.process.wait(timeout=10) == 0
