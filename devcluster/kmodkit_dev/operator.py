@@ -117,9 +117,10 @@ def running_operator(
     kubeconfig: str | Path, log: Path, *, wait_healthy: bool = True, **env: str
 ) -> Iterator[Operator]:
     """Start ``kmodkit run``, wait until it is healthy (unless told not to: an operator whose
-    start-up is held back answers only later), stop it with SIGTERM afterwards."""
+    start-up is held back answers only later), stop it with SIGTERM afterwards. Its metrics
+    are served: a test's wait that times out can say when its last pass was."""
     log.unlink(missing_ok=True)
-    op = launch(kubeconfig, log, **env)
+    op = launch_with_metrics(kubeconfig, log, **env)
     try:
         if wait_healthy:
             op.wait_healthy()

@@ -20,8 +20,9 @@ from kubernetes import client
 
 from kmodkit.core.rollout.states import IN_FLIGHT
 from kmodkit_dev import tenstorrent_demo as demo_objects
-from kmodkit_dev.operator import Operator, launch
+from kmodkit_dev.operator import Operator, launch_with_metrics
 from kmodkit_dev.waiting import wait_until
+from tests.integration.passes import last_pass
 from tests.integration.test_tt_support import (
     BUILDER_SELECTOR,
     DRIVER,
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.cluster
 KMD = "driver.tenstorrent.com/kmd-version"
 HASH = "driver.tenstorrent.com/template-hash"
 NEW_IMAGE = "ghcr.io/kmodkit/tenstorrent-builder:0.1.1"
+CONTROLLER = "tenstorrent.tenstorrentdriverpolicies"
 
 
 class Fleet:
@@ -69,6 +71,35 @@ class Fleet:
             ).items
             if p.spec.node_name and not p.metadata.deletion_timestamp
         }
+
+    def explain(self) -> str:
+        """What a stuck wait needs to be understood from CI's output alone: each node's
+        rollout labels, its builder, the policy's node states, and the operator's last pass."""
+        pods = self.builders()
+        nodes = []
+        for name in self.nodes:
+            labels = node_labels(self.api, name)
+            pod = pods.get(name)
+            builder = (
+                {
+                    "uid": pod.metadata.uid[:8],
+                    "image": pod.spec.containers[0].image,
+                    "hash": (pod.metadata.annotations or {}).get(HASH),
+                    "ready": [c.status for c in pod.status.conditions or [] if c.type == "Ready"],
+                    "phase": pod.status.phase,
+                }
+                if pod is not None
+                else None
+            )
+            state = labels.get(self.state_label)
+            nodes.append(f"{name}: state={state} kmd={labels.get(KMD)} builder={builder}")
+        s = self.status()
+        states = [(e.get("name"), e.get("state"), e.get("reason")) for e in s.get("nodes", [])]
+        passed = last_pass(self.op, CONTROLLER, self.policy)
+        return (
+            f"{'; '.join(nodes)}; policy nodes {states}, summary {s.get('summary')}; "
+            f"last pass {time.time() - passed:.1f}s ago"
+        )
 
     def uids(self) -> dict[str, str]:
         return {n: p.metadata.uid for n, p in self.builders().items()}
@@ -214,6 +245,7 @@ def test_new_image_with_the_same_kmd_restarts_builders_without_draining(
             ),
             "every builder at the new image",
             timeout=90,
+            explain=f.explain,
         )
     finally:
         watcher.stop()
@@ -246,12 +278,13 @@ def test_builder_recreated_outside_the_rollout_waits_for_it(
         ),
         "2.9.0 on the others, rolled and uncordoned",
         timeout=120,
+        explain=f.explain,
     )
     assert node_labels(f.api, back)[KMD] == "2.8.0"
     watcher = Watcher(f)
     try:
         label_node(f.api, back, {"driver.tenstorrent.com/skip": None})
-        wait_until(lambda: f.converged("2.9.0"), "2.9.0 everywhere", timeout=120)
+        wait_until(lambda: f.converged("2.9.0"), "2.9.0 everywhere", timeout=120, explain=f.explain)
     finally:
         watcher.stop()
     assert watcher.cordoned == {back}, "the un-skipped node is reloaded under a cordon"
@@ -275,6 +308,7 @@ def test_builder_recreated_outside_the_rollout_waits_for_it(
             ),
             "the recreated builder adopts 2.9.0",
             timeout=60,
+            explain=f.explain,
         )
     finally:
         watcher.stop()
@@ -295,7 +329,12 @@ def test_crash_looping_builder_outside_a_rollout_is_replaced_for_force_unload(
             entry = next((e for e in f.status().get("nodes", []) if e["name"] == node), {})
             return entry.get("state", ""), entry.get("reason", "")
 
-        wait_until(lambda: state() == ("Failed", "BuilderCrashLoop"), "crash-looping", timeout=60)
+        wait_until(
+            lambda: state() == ("Failed", "BuilderCrashLoop"),
+            "crash-looping",
+            timeout=60,
+            explain=f.explain,
+        )
         assert node_labels(f.api, node).get(f.state_label) in (None, "done")
         crashing = f.builders()[node].metadata.uid
         watcher = Watcher(f)
@@ -311,6 +350,7 @@ def test_crash_looping_builder_outside_a_rollout_is_replaced_for_force_unload(
                 ),
                 "the crash-looping builder replaced with forceUnload",
                 timeout=60,
+                explain=f.explain,
             )
         finally:
             watcher.stop()
@@ -336,9 +376,12 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
             lambda: sum(1 for n, u in f.uids().items() if u != before.get(n)) == 1,
             "the first builder restarted",
             timeout=60,
+            explain=f.explain,
         )
         f.op.kill()  # SIGKILL mid-roll: what it did is only in the pods
-        f.op = launch(kubeconfig, f.op.log, **operator_env(f.namespace, builders_played=True))
+        f.op = launch_with_metrics(
+            kubeconfig, f.op.log, **operator_env(f.namespace, builders_played=True)
+        )
         f.op.wait_healthy()
         wait_until(
             lambda: (
@@ -348,6 +391,7 @@ def test_builder_restarts_carry_on_after_an_operator_kill(
             ),
             "every builder at the new image after the restart",
             timeout=90,
+            explain=f.explain,
         )
     finally:
         watcher.stop()
