@@ -175,15 +175,18 @@ class Audit:
     """The operator's requests as the apiserver's audit log recorded them."""
 
     def __init__(self, path: Path, user: str) -> None:
-        self.path, self.user, self.offset = path, user, 0
+        self.path, self.user, self.offset, self.inode = path, user, 0, 0
 
     def mark(self) -> None:
         """Count from here on."""
-        self.offset = self.path.stat().st_size
+        stat = self.path.stat()
+        self.offset, self.inode = stat.st_size, stat.st_ino
 
     def writes(self) -> dict[str, int]:
         """The writes since the mark, by resource."""
         with self.path.open("rb") as fh:
+            if os.fstat(fh.fileno()).st_ino != self.inode:
+                raise RuntimeError(f"{self.path} was rotated since the mark: counts would be short")
             fh.seek(self.offset)
             lines = fh.read().decode(errors="replace").splitlines()
         counts: dict[str, int] = {}
