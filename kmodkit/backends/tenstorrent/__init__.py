@@ -90,6 +90,7 @@ backend = Backend(
                     version="v1",
                     plural="pods",
                     labels={"app.kubernetes.io/name": FLASHER_APP},
+                    field_selector=flash_pods.UNFINISHED,
                     fields=flash_pods.FIELDS,
                 ),
                 Watch(

@@ -19,7 +19,10 @@ FIELDS = (
     "status.initContainerStatuses[].state",
     "status.containerStatuses[].state",
 )
-"""What ``image_pull_problems`` reads of a flash pod (a finished one is kept for a day)."""
+"""What ``image_pull_problems`` reads of a flash pod."""
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+"""The flash pods watched: a finished one waits on no image, and stays a day with its Job (on
+every node of a fleet once flashed, 1.8 KB each in the cache)."""
 
 
 def image_pull_problems(pods: Iterable[Mapping[str, Any]], policy: str) -> dict[str, str]:

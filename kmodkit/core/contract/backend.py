@@ -47,6 +47,10 @@ class Watch:
     plural: str
     labels: Mapping[str, str] = field(default_factory=dict)
     """Only objects with these labels are watched (keep watches narrow at scale)."""
+    field_selector: str = ""
+    """A server-side field selector besides (e.g. ``status.phase!=Succeeded`` for pods): an
+    object that stops matching leaves the cache as if deleted. For objects that stay long
+    after the plan stops reading them (a finished Job's pod, kept a day)."""
     wakes: bool = True
     """Whether a change to one of these objects re-plans every object of the resource. False
     for objects read only as context whose changes other events (or the plan's requeue) follow:

@@ -182,6 +182,7 @@ class ResourceController:
             lambda obj: (None, watched_view(w, obj)),
             index,
             lambda _: self._watch_changed(w, kind_key),
+            w.field_selector,
         )
 
     def _watch_changed(self, w: Watch, kind_key: tuple[str, str, str]) -> None:

@@ -100,6 +100,7 @@ class InformerSpec:
     subscriber: Subscriber[Any]
     forget: Callable[[], None]
     """Drop what the subscriber built (the informer stopped)."""
+    field_selector: str = ""
 
     @classmethod
     def indexed(
@@ -110,6 +111,7 @@ class InformerSpec:
         view: Callable[[Mapping[str, Any]], tuple[G, Any]],
         index: OwnedIndex[G, Any],
         wake: Callable[[G], None],
+        field_selector: str = "",
     ) -> InformerSpec:
         """An informer whose views fill ``index`` by group; ``wake`` hears of each group a
         change touched."""
@@ -118,7 +120,7 @@ class InformerSpec:
             for group in index.apply(changes):
                 wake(group)
 
-        return cls(name, lister, view, label_selector, changed, index.clear)
+        return cls(name, lister, view, label_selector, changed, index.clear, field_selector)
 
 
 @dataclass
@@ -195,7 +197,11 @@ class Shared:
         self.informers = [nodes]
         for spec in self.watches:
             informer: Informer[Any] = Informer(
-                spec.name, spec.lister(api), view=spec.view, label_selector=spec.label_selector
+                spec.name,
+                spec.lister(api),
+                view=spec.view,
+                label_selector=spec.label_selector,
+                field_selector=spec.field_selector,
             )
             informer.subscribe(spec.subscriber)
             self.informers.append(informer)

@@ -166,6 +166,28 @@ def test_kept_flash_pods_show_the_same_image_pull_problems() -> None:
     assert image_pull_problems([_kept(firmware_plan.FLASHERS, p) for p in pods], "fw") == whole
 
 
+def test_finished_flash_pods_are_not_watched_and_would_show_no_problem() -> None:
+    """A finished flash pod stays a day with its Job, on every node flashed: the watch leaves
+    it to the apiserver, and the plan loses nothing by it."""
+    waiting = _flash_pod("a", "ErrImagePull", "PodInitializing")
+    pending = {**waiting, "status": {**waiting["status"], "phase": "Pending"}}
+    finished = []
+    for node, phase in (("b", "Succeeded"), ("c", "Failed")):
+        pod = _flash_pod(node, "", "")
+        done = {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1}}
+        statuses = [{"name": "flash", "image": "i", "state": done}]
+        pod["status"] = {"phase": phase, "initContainerStatuses": [], "containerStatuses": statuses}
+        finished.append(pod)
+    pods = [pending, *finished]
+    (cached,) = as_cached(tenstorrent.backend, {firmware_plan.FLASHERS: pods}).values()
+    assert [p["spec"]["nodeName"] for p in cached] == ["a"]
+    assert (
+        image_pull_problems(cached, "fw")
+        == image_pull_problems(pods, "fw")
+        == {"a": "ErrImagePull"}
+    )
+
+
 def _job(node: str, namespace: str = NS, **status: Any) -> dict[str, Any]:
     spec = TenstorrentFirmwarePolicySpec.model_validate({"version": "19.9.0", "nodeSelector": {}})
     owner = {"metadata": {"name": "fw", "uid": "policy-uid"}}
