@@ -93,12 +93,14 @@ class Fleet:
             )
             state = labels.get(self.state_label)
             nodes.append(f"{name}: state={state} kmd={labels.get(KMD)} builder={builder}")
-        s = self.status()
+        policy = client.CustomObjectsApi(self.api).get_cluster_custom_object(*DRIVER, self.policy)
+        s = policy.get("status") or {}
         states = [(e.get("name"), e.get("state"), e.get("reason")) for e in s.get("nodes", [])]
         passed = last_pass(self.op, CONTROLLER, self.policy)
         return (
-            f"{'; '.join(nodes)}; policy nodes {states}, summary {s.get('summary')}; "
-            f"last pass {time.time() - passed:.1f}s ago"
+            f"{'; '.join(nodes)}; policy nodes {states}, summary {s.get('summary')}, "
+            f"generation {policy['metadata'].get('generation')} observed "
+            f"{s.get('observedGeneration')}; last pass {time.time() - passed:.1f}s ago"
         )
 
     def uids(self) -> dict[str, str]:
