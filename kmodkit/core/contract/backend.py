@@ -47,10 +47,6 @@ class Watch:
     plural: str
     labels: Mapping[str, str] = field(default_factory=dict)
     """Only objects with these labels are watched (keep watches narrow at scale)."""
-    field_selector: str = ""
-    """A server-side field selector besides (e.g. ``status.phase!=Succeeded`` for pods): an
-    object that stops matching leaves the cache as if deleted. For objects that stay long
-    after the plan stops reading them (a finished Job's pod, kept a day)."""
     wakes: bool = True
     """Whether a change to one of these objects re-plans every object of the resource. False
     for objects read only as context whose changes other events (or the plan's requeue) follow:
@@ -62,6 +58,11 @@ class Watch:
     ``metadata.managedFields``. Name them for fleet-sized kinds: a pod kept whole costs the
     operator kilobytes, on every node. A third party's plan tests may read their fixtures
     through ``kept`` to see what the plan will see."""
+    field_selector: str = ""
+    """A server-side field selector besides the labels (e.g. ``status.phase!=Succeeded`` for
+    pods): an object that stops matching leaves the cache as if deleted. For objects that stay
+    long after the plan stops reading them (a finished Job's pod, kept a day). Last, so that
+    the fields before it keep their positions."""
 
     def __post_init__(self) -> None:
         self._tree  # noqa: B018 -- a bad path is refused when the backend is loaded
