@@ -65,6 +65,7 @@ def test_a_watch_with_a_field_selector_drops_the_pods_that_finish(
     async def api() -> Any:
         return client_for(KubeConfig.from_file(dev_cluster.kubeconfig))
 
+    # No write client: the informers only read, through ``async_api``.
     shared = Shared(kube=None, operator_namespace=namespace, async_api=api)  # type: ignore[arg-type]
     controller = ResourceController("acme", resource, shared)
     controller.register(kopf.OperatorRegistry())
