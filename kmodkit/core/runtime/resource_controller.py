@@ -83,9 +83,9 @@ class ResourceController:
         self._watched_objects: dict[str, OwnedIndex[None, Obj]] = {}
         """Per watch of the backend's, what its informer holds."""
         self._owned_objects: list[OwnedIndex[str, Obj]] = []
+        """Per kind the backend owns, what its informer holds, by owner uid."""
         self._watched_changes = 0
         """Changes the watches delivered so far: what a node-label predicate was made from."""
-        """Per kind the backend owns, what its informer holds, by owner uid."""
 
     @property
     def _id(self) -> str:
