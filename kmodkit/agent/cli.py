@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -256,8 +255,7 @@ def run(
     """Load, then stay up until SIGTERM (the loader container's main process).
 
     Exits 4 (host-managed), the driver left loaded, when DKMS signals appear meanwhile."""
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop = install_stop_handlers()
 
     def body(log: EventLog) -> ExitCode:
         agent = inv.agent(log, force_unload=force_unload, unload_on_terminate=unload_on_terminate)

@@ -14,11 +14,14 @@ unload only with an explicit ``kmodkit-agent unload``).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
-import threading
 import time
 from enum import Enum
 from types import FrameType
+from typing import Protocol
 
 from kmodkit.agent.actions import NodeAgent
 from kmodkit.agent.errors import AgentError, HostManaged
@@ -42,12 +45,49 @@ class Outcome(Enum):
     """DKMS signals appeared while serving: the driver is the host's again."""
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
+class Stop(Protocol):
+    """What ``serve`` waits on: a ``StopRequest``, or a ``threading.Event`` in-process."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+
+class StopRequest:
+    """A stop flag that a signal handler may raise at any instant.
+
+    ``threading.Event.set`` takes the event's lock, and a handler runs in the main
+    thread between two of its bytecodes: if that thread is inside ``Event.wait``
+    holding the same lock, the handler waits on itself forever and the loader
+    hangs until the kubelet kills it. Raising this takes no lock: a flag, and one
+    byte into a pipe that ``wait`` selects on.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._raised = False
+
+    def set(self) -> None:
+        self._raised = True
+        # Full pipe: an earlier byte already wakes every wait.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._write, b"!")
+
+    def wait(self, timeout: float) -> bool:
+        """True once raised, whether before or during the wait."""
+        if not self._raised:
+            select.select([self._read], [], [], timeout)
+        return self._raised
+
+
+def install_stop_handlers() -> StopRequest:
+    stop = StopRequest()
+
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    return stop
 
 
 def loop_readiness(recheck_seconds: float = RECHECK_SECONDS) -> Readiness:
@@ -57,7 +97,7 @@ def loop_readiness(recheck_seconds: float = RECHECK_SECONDS) -> Readiness:
 
 def serve(
     agent: NodeAgent,
-    stop: threading.Event,
+    stop: Stop,
     *,
     unload_on_terminate: bool,
     recheck_seconds: float = RECHECK_SECONDS,
