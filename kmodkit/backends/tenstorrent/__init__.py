@@ -105,6 +105,7 @@ backend = Backend(
                     version="v1",
                     plural="jobs",
                     labels={"app.kubernetes.io/name": FLASHER_APP},
+                    field_selector=firmware_job.UNSUCCEEDED,
                     fields=firmware_job.FIELDS,
                 ),
             ),

@@ -99,10 +99,11 @@ class FirmwareHooks:
 
     def _read_job(self, name: str) -> Obj | None:
         """The Job as the watch shows it; read from the apiserver only when the watch shows
-        none (not made yet, or made after the cache's last event): a GET per node in flight
-        and pass was most of a fleet's firmware rollout. A cached Job behind the apiserver
-        says "running" a pass longer, and the watch's event of its end wakes the next pass;
-        whose attempt it is, its annotations say, and they never change."""
+        none (not made yet, made after the cache's last event, or succeeded: the watch
+        leaves succeeded Jobs out, and the pass that reads one moves its node on): a GET per
+        node in flight and pass was most of a fleet's firmware rollout. A cached Job behind
+        the apiserver says "running" a pass longer, and the watch's event of its end wakes
+        the next pass; whose attempt it is, its annotations say, and they never change."""
         if name in self._jobs:
             return self._jobs[name]
         try:

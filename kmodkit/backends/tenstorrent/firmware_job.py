@@ -22,7 +22,11 @@ FINISHED_TTL_SECONDS = 86400
 WORK_DIR = "/work"
 FIELDS = ("metadata", "spec.activeDeadlineSeconds", "status.conditions")
 """What the hooks read of a flash Job (``job_outcome``, ``failure_text``, its name, attempt,
-owner and deletion): a finished one is kept for a day, on every node flashed."""
+owner and deletion)."""
+UNSUCCEEDED = "status.successful!=1"
+"""The flash Jobs watched: running or failed. A succeeded one stays a day, on every node
+flashed (2 KB each in the cache), and is read once, from the apiserver, by the pass that
+moves its node on (``FirmwareHooks._read_job``)."""
 
 
 def job_labels(policy: str, node: str, version: str) -> dict[str, str]:

@@ -26,16 +26,22 @@ def as_cached(backend: Backend, watched: Mapping[str, Sequence[Obj]]) -> dict[st
     }
 
 
+# Selector fields the apiserver computes rather than reads at their own path: the
+# object's field and what an absent one reads as.
+_COMPUTED = {"status.successful": ("status.succeeded", "0")}  # a Job's
+
+
 def selected(field_selector: str, obj: Obj) -> bool:
     """Whether ``obj`` matches a field selector as the apiserver reads one: terms of
     ``path=value``, ``path==value`` or ``path!=value``, comma-separated, all of them."""
     for term in filter(None, field_selector.split(",")):
         match = re.fullmatch(r"([^!=]+)(!=|==|=)(.*)", term)
         assert match is not None, f"not a field selector term: {term!r}"
-        path, op, value = match.groups()
+        field, op, value = match.groups()
+        path, absent = _COMPUTED.get(field, (field, ""))
         found: Any = obj
         for part in path.split("."):
             found = found.get(part) if isinstance(found, Mapping) else None
-        if (str(found or "") == value) == (op == "!="):
+        if ((absent if found is None else str(found)) == value) == (op == "!="):
             return False
     return True

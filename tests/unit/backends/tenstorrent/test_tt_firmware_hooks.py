@@ -55,8 +55,11 @@ class Batch:
 
 
 def _job(attempt: str, *conditions: str) -> Obj:
+    """A flash Job, its status as the Job controller writes it."""
     job = flash_job(OWNER, "n1", attempt, NS, SPEC, TenstorrentSettings.from_settings({}))
     job["status"] = {"conditions": [{"type": c, "status": "True"} for c in conditions]}
+    if "Complete" in conditions:
+        job["status"]["succeeded"] = 1
     return job
 
 
@@ -85,13 +88,24 @@ FLASHED = Validated(
 def test_a_job_the_watch_shows_costs_no_read() -> None:
     batch = Batch()
     assert isinstance(_hooks(batch, _job("2@19.9.0")).validate(NODE), Pending)
-    assert _hooks(batch, _job("2@19.9.0", "Complete")).validate(NODE) == FLASHED
     assert batch.calls == []
+
+
+def test_a_succeeded_job_is_not_watched_and_is_read_once_to_move_its_node_on() -> None:
+    """A succeeded flash Job stays a day, on every node flashed: the watch leaves it out,
+    and the one pass that needs it reads it."""
+    succeeded = _job("2@19.9.0", "Complete")
+    batch = Batch(stored=succeeded)
+    hooks = _hooks(batch, succeeded)
+    assert hooks._jobs == {}
+    assert hooks.validate(NODE) == FLASHED
+    assert batch.calls == ["read"]
 
 
 def test_a_forced_flash_is_recorded_so_that_it_is_not_forced_again() -> None:
     forced = FirmwareTarget("fw", SPEC.readback(), auto_upgrade=True, force_request=5)
-    verdict = _hooks(Batch(), _job("2@19.9.0", "Complete"), target=forced).validate(NODE)
+    succeeded = _job("2@19.9.0", "Complete")
+    verdict = _hooks(Batch(stored=succeeded), target=forced).validate(NODE)
     assert isinstance(verdict, Validated)
     assert verdict.annotations[keys.TT_FW_FORCED_ANNOTATION] == "fw/5"
     assert needs_flash(verdict.annotations, forced) is False
