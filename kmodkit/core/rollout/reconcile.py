@@ -8,7 +8,9 @@ converged a pass reads but writes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +53,24 @@ class _Pass:
         text = f"{what}: {err.reason if isinstance(err, ApiException) else err}"
         log.warning(text)
         self.errors.append(text)
+
+    def add(self, other: _Pass) -> None:
+        """Count in what ``other`` (one node's steps, applied beside others) did."""
+        self.applied += other.applied
+        self.evictions += other.evictions
+        self.evictions_blocked += other.evictions_blocked
+        self.writes += other.writes
+        self.errors += other.errors
+        self.departed += other.departed
+
+
+Concurrently = Callable[[Sequence[Callable[[], None]]], None]
+"""Runs independent calls, some at once, and returns once every one is done."""
+
+
+def one_by_one(calls: Sequence[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def _pod_selector(state: State | None, policy: UpgradePolicy) -> str | None:
@@ -185,7 +205,7 @@ def _move(
     step: Step,
     node: Obj,
     view: NodeView,
-    hooks: RolloutHooks,
+    swap_hook: Callable[[Obj], None],
     policy_id: str,
     target: str,
     involved: Mapping[str, str] | None,
@@ -206,7 +226,7 @@ def _move(
         # Every call, effective or not, so a crash's repeated swap can be told from the log.
         log.info("rollout %s on node %s: swap hook called for %s", policy_id, step.node, target)
         try:
-            hooks.swap(node)
+            swap_hook(node)
         except Exception as err:
             run.error(f"swap({step.node})", err)
             return False
@@ -282,6 +302,7 @@ def reconcile(
     involved: Mapping[str, str] | None = None,
     now: float | None = None,
     known_nodes: Iterable[Obj] = (),
+    concurrently: Concurrently = one_by_one,
 ) -> RolloutStatus:
     """Advance the rollout ``policy_id`` by one pass and report where it stands.
 
@@ -300,6 +321,11 @@ def reconcile(
     Scanning the caller's cache finds every such node, with the state label or
     without it, at no API cost; a list by the state label would return every node
     the rollout has ever reached (each ``done`` or ``required``).
+
+    ``concurrently`` applies the pass's steps: a fleet's rollout has hundreds of nodes
+    in flight, each move a guarded node patch and its Events, and one after another
+    they made a pass of tens of seconds. The starts follow once all the other steps
+    are done, and the swap hook is still called one node at a time.
     """
     core = client.CoreV1Api(api)
     keys = RolloutKeys.for_policy(policy_id)
@@ -314,12 +340,26 @@ def reconcile(
     the_plan = plan(views, ctx)
     nodes = {v.name: (v, n) for v, n in zip(views, target_nodes, strict=True)}
 
+    swapping = threading.Lock()
+
+    def swap_hook(node: Obj) -> None:
+        with swapping:  # the backend's hooks are called one at a time, as it was promised
+            hooks.swap(node)
+
     def apply_all(steps: Sequence[Step]) -> None:
-        for step in steps:
+        """Each node's step (its own node, its own guard) beside the others'; counted
+        in plan order once all are done."""
+        done = [_Pass() for _ in steps]
+
+        def apply_one(step: Step, mine: _Pass) -> None:
             view, node = nodes[step.node]
-            _evict(core, step, run)
+            _evict(core, step, mine)
             if step.patch is not None:
-                _move(core, step, node, view, hooks, policy_id, target, involved, run)
+                _move(core, step, node, view, swap_hook, policy_id, target, involved, mine)
+
+        concurrently([functools.partial(apply_one, s, d) for s, d in zip(steps, done, strict=True)])
+        for mine in done:
+            run.add(mine)
 
     def is_start(step: Step) -> bool:
         return step.before is State.REQUIRED and step.after is State.CORDONING

@@ -41,6 +41,7 @@ from kmodkit.core.runtime.kube import api_message
 from kmodkit.core.runtime.loop import reconcile_loop
 from kmodkit.core.runtime.owned_index import OwnedIndex
 from kmodkit.core.runtime.watch_cache import CACHE_WAIT_SECONDS, InformerSpec, Shared
+from kmodkit.core.runtime.writes import Write
 
 log = logging.getLogger("kmodkit.controller")
 
@@ -399,11 +400,17 @@ class ResourceController:
                 "uid": str(meta.get("uid")),
             },
             known_nodes=list(objects.values()),
+            concurrently=self._alongside,
         )
         metrics.rollout_pass(self._id, _policy_name(body), result)
         if self.resource.rollout_status is not None:
             return dict(self.resource.rollout_status(status, result))
         return status
+
+    def _alongside(self, calls: Sequence[Callable[[], None]]) -> None:
+        """A rollout pass's steps, in the process's write pool (its bound on writes in
+        flight); each step reports its own errors."""
+        self.shared.kube.writes.run(Write("a rollout step", call) for call in calls)
 
     def _write_status(self, body: Obj, status: Mapping[str, Any]) -> None:
         crd = self.resource.crd

@@ -12,16 +12,19 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from kubernetes import client
 from pydantic import BaseModel
 
 from kmodkit.core.applied import holds
-from kmodkit.core.contract.backend import ClusterView, Plan, Resource
+from kmodkit.core.contract.backend import ClusterView, Plan, Resource, RolloutRequest
 from kmodkit.core.contract.hooks import Obj
+from kmodkit.core.contract.policy import UpgradePolicy
+from kmodkit.core.runtime import resource_controller
 from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import Shared
-from kmodkit.core.runtime.writes import WriteSettings
+from kmodkit.core.runtime.writes import WritePool, WriteSettings
 from kmodkit.core.schema.crd import CrdSource
 
 
@@ -189,3 +192,37 @@ def test_passes_of_two_objects_look_their_kinds_up_one_at_a_time() -> None:
     look_up()  # the other object's pass, while the first one's lookup rebuilds
     first.join()
     assert failures == []
+
+
+class PoolKube(StatusKube):
+    """StatusKube with the process's write pool, as Kube has it."""
+
+    api = None
+    writes = WritePool(4, str)
+
+
+def test_a_rollout_pass_applies_its_steps_in_the_write_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fleet's rollout moves hundreds of nodes a pass: their steps go to the pool that
+    bounds the process's writes in flight, not one after another on the pass's thread."""
+    crd = CrdSource("acme.example.com", "v1", "Widget", "widgets", Empty, Empty, "test")
+    request = RolloutRequest("acme.w", UpgradePolicy(), nodes=[], target="v1")
+    resource = Resource(
+        crd=crd,
+        model=Empty,
+        plan=lambda _body, _view: Plan(rollout=request),
+        hooks=lambda _body, _view, _api: None,
+    )
+    shared = Shared(kube=PoolKube(), operator_namespace="kmodkit-system", nodes_synced=True)  # type: ignore[arg-type]
+    ran_on: list[str] = []
+
+    def rollout_pass(*args: Any, concurrently: Any, **kwargs: Any) -> Any:
+        concurrently([lambda: ran_on.append(threading.current_thread().name)] * 3)
+        return real_pass(*args, concurrently=concurrently, **kwargs)
+
+    real_pass = resource_controller.rollout_pass
+    monkeypatch.setattr(resource_controller, "rollout_pass", rollout_pass)
+    ResourceController("acme", resource, shared).reconcile(dict(BODY), {}, [])
+    assert len(ran_on) == 3
+    assert all(name.startswith("kmodkit-write") for name in ran_on), ran_on
