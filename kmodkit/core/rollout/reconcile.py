@@ -343,7 +343,7 @@ def reconcile(
     swapping = threading.Lock()
 
     def swap_hook(node: Obj) -> None:
-        with swapping:  # the backend's hooks are called one at a time, as it was promised
+        with swapping:  # hooks are called one at a time: a backend need not make them thread-safe
             hooks.swap(node)
 
     def apply_all(steps: Sequence[Step]) -> None:
