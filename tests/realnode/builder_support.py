@@ -29,6 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILDER = REPO_ROOT / "dockerfiles" / "builder" / "kmodkit-build"
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: one static binary
 APPLETS = ("sh", "test", "echo", "cat", "ls", "mkdir")
+KERNEL = "6.1.0-99-amd64"
+"""The node's kernel: the one its /lib/modules holds, as ``Pod`` stands it in."""
 
 
 def busybox_layer() -> bytes:
@@ -83,11 +85,12 @@ class Pod:
         for mount in container["volumeMounts"]:
             volume = volumes[mount["name"]]
             here = self.root / mount["name"]
-            if "hostPath" in volume:
-                found[mount["mountPath"]] = volume["hostPath"]["path"]
-                continue
             here.mkdir(parents=True, exist_ok=True)
-            if "configMap" in volume:
+            if "hostPath" in volume:
+                # The node's directory (its /lib/modules: one kernel's), made here: this
+                # machine's may be missing (a VM booted without modules) or hold anything.
+                (here / KERNEL).mkdir(exist_ok=True)
+            elif "configMap" in volume:
                 (here / "Dockerfile").write_text(self.dockerfile)
             elif volume["name"] == "registry-auth":
                 (here / "config.json").write_text(self.auth)
