@@ -198,7 +198,9 @@ class PoolKube(StatusKube):
     """StatusKube with the process's write pool, as Kube has it."""
 
     api = None
-    writes = WritePool(4, str)
+
+    def __init__(self) -> None:
+        self.writes = WritePool(4, str)  # made by the test that uses it, not on import
 
 
 def test_a_rollout_pass_applies_its_steps_in_the_write_pool(
