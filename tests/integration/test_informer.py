@@ -30,15 +30,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
 import yaml
 from kubernetes import client
 from lightkube.config.kubeconfig import KubeConfig
 
 from kmodkit.core.nodes import slim_node
-from kmodkit.core.runtime.informer import Informer, Lister, client_for, kind_lister
+from kmodkit.core.runtime.informer import Informer, Lister, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
+from kmodkit.core.runtime.informer_http import ApiHttp, client_for
 from kmodkit_dev import audit, procs
 from kmodkit_dev import cluster as devcluster
 from kmodkit_dev.operator import token_kubeconfig
@@ -56,7 +56,7 @@ class Watching:
         self,
         kubeconfig: Path,
         server: str,
-        lister: Callable[[httpx.AsyncClient], Lister] | None = None,
+        lister: Callable[[ApiHttp], Lister] | None = None,
         **informer_args: Any,
     ) -> None:
         self.kubeconfig, self.server, self.args = kubeconfig, server, informer_args
@@ -64,7 +64,7 @@ class Watching:
         self.loop = asyncio.new_event_loop()
         self.changes: list[Change[dict[str, Any]]] = []
         self.informer: Informer[dict[str, Any]] | None = None
-        self._api: httpx.AsyncClient | None = None
+        self._api: ApiHttp | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def __enter__(self) -> Watching:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from kmodkit.backends.tenstorrent.flash_pods import UNFINISHED
 from kmodkit.core.contract.backend import Plan, Resource, Watch
-from kmodkit.core.runtime.informer import client_for
+from kmodkit.core.runtime.informer_http import client_for
 from kmodkit.core.runtime.resource_controller import ResourceController
 from kmodkit.core.runtime.watch_cache import Shared
 from kmodkit.core.schema.crd import CrdSource

@@ -1,4 +1,4 @@
-"""One list+watch per kind, over lightkube's HTTP client, into an InformerCache.
+"""One list+watch per kind, over ``informer_http``'s client, into an InformerCache.
 
 The loop: a list becomes the cache; a watch starts at the list's
 resourceVersion with bookmarks on and a server-side timeout, and each event
@@ -44,10 +44,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic
 
-import httpx2 as httpx
 import orjson
-from lightkube.config.client_adapter import AsyncClient, ConnectionParams
-from lightkube.config.kubeconfig import KubeConfig
 
 from kmodkit.core.runtime.informer_cache import (
     BOOKMARK,
@@ -59,15 +56,16 @@ from kmodkit.core.runtime.informer_cache import (
     key_of,
     meta_of,
 )
+from kmodkit.core.runtime.informer_http import Answer, ApiHttp
 
 log = logging.getLogger("kmodkit.informer")
 
 Subscriber = Callable[[Sequence[Change[V]]], None]
 """Called with the views that changed: one change per watch event, and the whole
 difference at once when a relist lands (so a subscriber can swap its own copy whole)."""
-Lister = Callable[..., Awaitable[httpx.Response]]
+Lister = Callable[..., Awaitable[Answer]]
 """A list (or watch) call of one kind (``kind_lister``): its parameters as keywords
-(``QUERY_NAMES``) and the request's ``timeout``; the answer's body not read yet."""
+(``QUERY_NAMES``) and the request's ``read_timeout``; the answer's body not read yet."""
 
 PAGE = 500
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
@@ -113,14 +111,14 @@ QUERY_NAMES = {
 """The informer's list and watch parameters, as keywords and as the apiserver names them."""
 
 
-def kind_lister(group: str, version: str, plural: str) -> Callable[[httpx.AsyncClient], Lister]:
+def kind_lister(group: str, version: str, plural: str) -> Callable[[ApiHttp], Lister]:
     """The list (and watch) call of every object of one kind, in every namespace, for any
     kind the apiserver may serve (``/api/v1/nodes``, ``/apis/apps/v1/daemonsets``, a CRD's)."""
     group_version = f"/apis/{group}/{version}" if group else f"/api/{version}"
     path = f"{group_version}/{plural}"
 
-    def lister(api: httpx.AsyncClient) -> Lister:
-        async def call(*, timeout: httpx.Timeout | float, **params: Any) -> httpx.Response:
+    def lister(api: ApiHttp) -> Lister:
+        async def call(*, read_timeout: float, **params: Any) -> Answer:
             query = {
                 QUERY_NAMES[k]: str(v).lower() if isinstance(v, bool) else str(v)
                 for k, v in params.items()
@@ -131,54 +129,23 @@ def kind_lister(group: str, version: str, plural: str) -> Callable[[httpx.AsyncC
             ) and not params.get("_continue")
             if starts_a_list and not await _discovered(api, group_version, plural):
                 raise NotServed(f"{path}: not in the apiserver's discovery")
-            return await _get(api, path, query, timeout)
+            return await api.get(path, query, read_timeout)
 
         return call
 
     return lister
 
 
-async def _get(
-    api: httpx.AsyncClient, path: str, query: Mapping[str, str], timeout: httpx.Timeout | float
-) -> httpx.Response:
-    """The answer to a GET, its body still to be read (a watch's never ends by itself)."""
-    request = api.build_request(
-        "GET", path, params=query, headers={"Accept": "application/json"}, timeout=timeout
-    )
-    return await api.send(request, stream=True)
-
-
-async def _discovered(api: httpx.AsyncClient, group_version: str, plural: str) -> bool:
+async def _discovered(api: ApiHttp, group_version: str, plural: str) -> bool:
     """Whether the apiserver's discovery names ``plural`` in ``group_version``."""
     try:
-        body = await _json(await _get(api, group_version, {}, REQUEST_TIMEOUT_SECONDS))
+        body = await _json(await api.get(group_version, {}, REQUEST_TIMEOUT_SECONDS))
     except NotServed:
         return False
     return any(r.get("name") == plural for r in body.get("resources") or [])
 
 
-async def api_client() -> httpx.AsyncClient:
-    """An HTTP client of the apiserver from the in-cluster service account or the current
-    kubeconfig (``KUBECONFIG``, else ``~/.kube/config``): lightkube reads them, with their
-    CA, client certificates, tokens (re-read from the service account's file when it
-    rotates) and exec plugins. The environment's proxies and CA bundles are not used: the
-    kubeconfig says how to reach the apiserver, as it does for the writes' client."""
-    return client_for(KubeConfig.from_env())
-
-
-def client_for(config: KubeConfig) -> httpx.AsyncClient:
-    """An HTTP client of the apiserver of ``config``'s current context."""
-    single = config.get()
-    if single is None:
-        raise ValueError(
-            "the kubeconfig names no current context: set one (kubectl config use-context)"
-        )
-    return AsyncClient(
-        single, ConnectionParams(timeout=httpx.Timeout(REQUEST_TIMEOUT_SECONDS), trust_env=False)
-    )
-
-
-async def _json(resp: httpx.Response) -> Any:
+async def _json(resp: Answer) -> Any:
     try:
         raw = await resp.aread()
     finally:
@@ -201,7 +168,7 @@ def _raise_status(status: int, message: str) -> None:
     raise StatusError(status, message)
 
 
-async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
+async def _lines(resp: Answer) -> AsyncIterator[bytes]:
     """The response body split at newlines, however long a line (a big object) is."""
     buf = bytearray()
     async for chunk in resp.aiter_bytes():
@@ -337,7 +304,7 @@ class Informer(Generic[V]):
                 await self._lister(
                     limit=self._page,
                     _continue=token,
-                    timeout=REQUEST_TIMEOUT_SECONDS,
+                    read_timeout=REQUEST_TIMEOUT_SECONDS,
                     **self._selectors,
                 )
             )
@@ -368,7 +335,7 @@ class Informer(Generic[V]):
             timeout_seconds=self._watch_timeout,
             # The server ends the watch after timeout_seconds, so silence much longer
             # than that is a connection that died without a word.
-            timeout=httpx.Timeout(self._watch_timeout + REQUEST_TIMEOUT_SECONDS, connect=10),
+            read_timeout=self._watch_timeout + REQUEST_TIMEOUT_SECONDS,
             **since,
             **self._selectors,
         )

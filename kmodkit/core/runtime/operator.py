@@ -174,8 +174,6 @@ def run_operator(
     # kopf logs every handler run at INFO; at fleet scale (node events) that
     # is noise. kmodkit logs what matters itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # The informers' HTTP client logs every request at INFO (each list, watch and resume).
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
     found = discover(enabled)
     shared = Shared(Kube(_api_client()), namespace, settings=backend_settings())
     registry = build_registry(namespace, found, shared)

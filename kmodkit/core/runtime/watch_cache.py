@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx2 as httpx
 import kopf
 from kubernetes import client
 
 from kmodkit.core.engine.node_interest import Interest, Moved
 from kmodkit.core.nodes import NodeView, node_view, slim_node
-from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, api_client, kind_lister
+from kmodkit.core.runtime.informer import Informer, Lister, Subscriber, kind_lister
 from kmodkit.core.runtime.informer_cache import Change
+from kmodkit.core.runtime.informer_http import ApiHttp, api_client
 from kmodkit.core.runtime.kube import Kube
 from kmodkit.core.runtime.owned_index import OwnedIndex
 
@@ -94,7 +94,7 @@ class InformerSpec:
     is one), projection, server-side selector, and who hears of its changes."""
 
     name: str
-    lister: Callable[[httpx.AsyncClient], Lister]
+    lister: Callable[[ApiHttp], Lister]
     view: Callable[[Mapping[str, Any]], Any]
     label_selector: str
     subscriber: Subscriber[Any]
@@ -106,7 +106,7 @@ class InformerSpec:
     def indexed(
         cls,
         name: str,
-        lister: Callable[[httpx.AsyncClient], Lister],
+        lister: Callable[[ApiHttp], Lister],
         label_selector: str,
         view: Callable[[Mapping[str, Any]], tuple[G, Any]],
         index: OwnedIndex[G, Any],
@@ -141,11 +141,11 @@ class Shared:
     """Every informer's cache (the nodes', and those added with ``watch``) holds a full
     listing: only then may a pass run. A pass on a cache still filling would take
     the nodes (or pods) it misses for ones that are gone."""
-    async_api: Callable[[], Awaitable[httpx.AsyncClient]] = api_client
+    async_api: Callable[[], Awaitable[ApiHttp]] = api_client
     """Makes the informers' client (in the operator's event loop)."""
     watches: list[InformerSpec] = field(default_factory=list)
     informers: list[Informer[Any]] = field(default_factory=list)
-    _informer_api: httpx.AsyncClient | None = None
+    _informer_api: ApiHttp | None = None
     _syncing: asyncio.Task[None] | None = None
 
     def forget(self) -> None:
