@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, dynamic
@@ -39,6 +40,25 @@ def api_message(err: BaseException) -> str:
     return str(reason) if isinstance(reason, str) and reason else str(err)
 
 
+@dataclass(frozen=True)
+class _Groups:
+    """The client's API groups. Bodies are plain dicts (as planned), which the client
+    accepts but its stubs do not describe; the typed surface of Kube is the contract."""
+
+    core: Any
+    batch: Any
+    apps: Any
+    custom: Any
+    events: Recorder
+    """Posts Events, deduplicated (see kmodkit.core.events)."""
+
+    @classmethod
+    def of(cls, api: client.ApiClient) -> _Groups:
+        core = client.CoreV1Api(api)
+        batch, apps = client.BatchV1Api(api), client.AppsV1Api(api)
+        return cls(core, batch, apps, client.CustomObjectsApi(api), Recorder(core))
+
+
 class Kube:
     """The API calls the engine makes, on one ApiClient."""
 
@@ -49,16 +69,43 @@ class Kube:
         Throttle(settings).install(api)
         self.api = api
         self.writes = WritePool(settings.max_in_flight, api_message)
-        # Bodies are plain dicts (as planned), which the client accepts but its
-        # stubs do not describe; the typed surface of this class is the contract.
-        self.core: Any = client.CoreV1Api(api)
-        self.batch: Any = client.BatchV1Api(api)
-        self.apps: Any = client.AppsV1Api(api)
-        self.custom: Any = client.CustomObjectsApi(api)
-        # Posts Events, deduplicated (see kmodkit.core.events).
-        self.events = Recorder(self.core)
+        # Made on first use: importing the groups' modules takes about a second of CPU
+        # (every method is wrapped in a pydantic validator), which an operator's start
+        # spends while its informers list the fleet (``warm``), not before.
+        self._groups: _Groups | None = None
+        self._making = threading.Lock()
         self._dynamic: Any = None
         self._discovery = threading.Lock()
+
+    def warm(self) -> None:
+        """Make the API groups' clients now, so that the first pass finds them made."""
+        self._made()
+
+    def _made(self) -> _Groups:
+        with self._making:
+            if self._groups is None:
+                self._groups = _Groups.of(self.api)
+            return self._groups
+
+    @property
+    def core(self) -> Any:
+        return self._made().core
+
+    @property
+    def batch(self) -> Any:
+        return self._made().batch
+
+    @property
+    def apps(self) -> Any:
+        return self._made().apps
+
+    @property
+    def custom(self) -> Any:
+        return self._made().custom
+
+    @property
+    def events(self) -> Recorder:
+        return self._made().events
 
     def resource(self, api_version: str, kind: str) -> Any:
         """The dynamic client's resource for a kind (to apply or delete any object).

@@ -209,6 +209,8 @@ async def _serve(shared: Shared, **operator_args: Any) -> None:
         # and kopf serves its health endpoint only once its startup handlers are done.
         # Every pass and finalizer waits for nodes_synced.
         await shared.start_informers()
+        # The write clients' imports, on a thread while the lists come in.
+        threading.Thread(target=shared.kube.warm, name="warm-clients", daemon=True).start()
         try:
             await kopf.operator(**operator_args)
             return
