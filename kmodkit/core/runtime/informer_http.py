@@ -26,6 +26,7 @@ import aiohttp
 import httpx2 as httpx
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.config.models import User
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 
@@ -74,10 +75,10 @@ class ApiHttp:
             raise ValueError(
                 "the kubeconfig names no current context: set one (kubectl config use-context)"
             )
-        assert single.user is not None  # lightkube gives a context without one an empty user
+        user = single.user or User()  # a context may name no user: no credentials
         self._server = single.cluster.server.rstrip("/")
-        self._ssl = verify_cluster(single.cluster, single.user, single.abs_file, trust_env=False)
-        self._auth: httpx.Auth | None = user_auth(single.user)
+        self._ssl = verify_cluster(single.cluster, user, single.abs_file, trust_env=False)
+        self._auth: httpx.Auth | None = user_auth(user)
         self._session: aiohttp.ClientSession | None = None
 
     async def get(self, path: str, query: Mapping[str, str], read_timeout: float) -> Answer:
