@@ -46,11 +46,7 @@ def readers(kube_api: Any, namespace: str) -> Iterator[tuple[str, str]]:
     rbac.create_cluster_role_binding(
         {
             "metadata": {"name": role},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role},
             "subjects": [
                 {"kind": "ServiceAccount", "name": a, "namespace": namespace} for a in accounts
             ],
