@@ -70,7 +70,7 @@ class Kube:
         self.api = api
         self.writes = WritePool(settings.max_in_flight, api_message)
         # Made on first use: importing the groups' modules takes about a second of CPU
-        # (every method is wrapped in a pydantic validator), which an operator's start
+        # (each API call is wrapped in a pydantic validator), which an operator's start
         # spends while its informers list the fleet (``warm``), not before.
         self._groups: _Groups | None = None
         self._making = threading.Lock()
