@@ -136,15 +136,21 @@ def running_operator(
 def token_kubeconfig(admin: Path, namespace: str, account: str, kube_api: Any, out: Path) -> Path:
     """A kubeconfig that authenticates as ServiceAccount ``account`` with a TokenRequest
     token, nothing else: the operator as a Deployment runs, and as the audit log names it."""
+    cfg = json.loads(admin.read_text())
+    token = service_account_token(kube_api, namespace, account)
+    cfg["users"] = [{"name": account, "user": {"token": token}}]
+    cfg["contexts"][0]["context"]["user"] = account
+    out.write_text(json.dumps(cfg))
+    out.chmod(0o600)
+    return out
+
+
+def service_account_token(kube_api: Any, namespace: str, account: str) -> str:
+    """A TokenRequest token of ServiceAccount ``account``, valid for an hour."""
     from kubernetes import client
 
     core: Any = client.CoreV1Api(kube_api)
     request = core.create_namespaced_service_account_token(
         account, namespace, {"spec": {"expirationSeconds": 3600}}
     )
-    cfg = json.loads(admin.read_text())
-    cfg["users"] = [{"name": account, "user": {"token": request.status.token}}]
-    cfg["contexts"][0]["context"]["user"] = account
-    out.write_text(json.dumps(cfg))
-    out.chmod(0o600)
-    return out
+    return str(request.status.token)

@@ -22,6 +22,7 @@ from kmodkit.core.nodes import slim_node
 from kmodkit.core.runtime.informer import Informer, kind_lister
 from kmodkit.core.runtime.informer_http import client_for
 from kmodkit_dev import cluster as devcluster
+from kmodkit_dev.operator import service_account_token
 
 pytestmark = pytest.mark.cluster
 LABEL = "kmodkit.io/informer-http-test"
@@ -59,14 +60,6 @@ def readers(kube_api: Any, namespace: str) -> Iterator[tuple[str, str]]:
         rbac.delete_cluster_role(role)
 
 
-def _token(kube_api: Any, namespace: str, account: str) -> str:
-    core: Any = client.CoreV1Api(kube_api)
-    made = core.create_namespaced_service_account_token(
-        account, namespace, {"spec": {"expirationSeconds": 3600}}
-    )
-    return str(made.status.token)
-
-
 def _refused(server: str, ca: Path, token: str) -> bool:
     """Whether the apiserver answers this token with 401."""
     import ssl
@@ -98,7 +91,7 @@ def test_a_rotated_service_account_token_is_read_again_when_the_old_one_is_refus
     ca = dev_cluster.pki / "ca.crt"
     shutil.copy(ca, account / "ca.crt")
     (account / "namespace").write_text(namespace)
-    (account / "token").write_text(_token(kube_api, namespace, first))
+    (account / "token").write_text(service_account_token(kube_api, namespace, first))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(dev_cluster.ports["kube-apiserver"]))
     tag = uuid.uuid4().hex[:8]
@@ -123,7 +116,7 @@ def test_a_rotated_service_account_token_is_read_again_when_the_old_one_is_refus
             # The kubelet's rotation: a new token in the file; the old one is refused
             # from now on (its account is gone).
             old = (account / "token").read_text()
-            (account / "token").write_text(_token(kube_api, namespace, second))
+            (account / "token").write_text(service_account_token(kube_api, namespace, second))
             core.delete_namespaced_service_account(first, namespace)
             while not _refused(dev_cluster.server, ca, old):
                 await asyncio.sleep(0.2)
